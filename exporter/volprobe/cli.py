@@ -1,0 +1,379 @@
+"""Command line: the exporter, and the check-config, devices and ping tools. Exit 2 on any bad config."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import random
+import signal
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry
+from prometheus_client import PlatformCollector, ProcessCollector
+
+from . import __version__, safety, targets, units
+from .collector import VolprobeCollector
+from .config import Config, ConfigError, ProbeConfig, TargetConfig, from_paths, load
+from .discovery import Host
+from .probe import Pacer, ProbeIO
+from .runtime import Exporter
+from .server import ExporterHTTPServer, landing_page, parse_listen_address
+from .webconfig import WebConfigWatcher
+
+log = logging.getLogger("volprobe")
+EXIT_CONFIG = 2
+DEFAULT_LISTEN = ":10130"
+
+
+class _LogfmtFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        message = record.getMessage().replace('"', '\\"').replace("\n", " | ")
+        line = f'ts={ts} level={record.levelname.lower()} logger={record.name} msg="{message}"'
+        if record.exc_info:
+            line += (
+                ' err="' + self.formatException(record.exc_info).replace('"', "'").replace("\n", " | ") + '"'
+            )
+        return line
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LogfmtFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def _report(err: ConfigError) -> int:
+    for problem in err.problems:
+        print(f"volprobe: {problem}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
+def _host(args: argparse.Namespace) -> Host:
+    return Host(args.sysfs, args.procfs, args.devfs)
+
+
+def _add_path_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--path.sysfs", dest="sysfs", default="/sys", help="sysfs mount point (default /sys)")
+    parser.add_argument(
+        "--path.procfs", dest="procfs", default="/proc", help="procfs mount point (default /proc)"
+    )
+    parser.add_argument("--path.devfs", dest="devfs", default="/dev", help="devfs mount point (default /dev)")
+
+
+def _load_config(args: argparse.Namespace) -> Config:
+    if args.config and args.target:
+        raise ConfigError(["--config and --target: give one or the other"])
+    if args.config:
+        return load(args.config)
+    return from_paths(args.target or [])
+
+
+# -- the exporter -----------------------------------------------------------------------------------
+
+
+def run_exporter(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="volprobe",
+        description="Prometheus exporter: queue-depth-1 direct I/O probes of block volumes. "
+        "Subcommands: check-config, devices, ping (volprobe SUBCOMMAND --help).",
+    )
+    parser.add_argument(
+        "--config", help="YAML configuration file (default: probe every whole disk, read-only)"
+    )
+    parser.add_argument(
+        "--target", action="append", metavar="PATH", help="probe a device or directory (repeatable)"
+    )
+    parser.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN, help="default :10130")
+    parser.add_argument(
+        "--web.config.file", dest="web_config", help="exporter-toolkit web config (TLS, basic auth)"
+    )
+    parser.add_argument(
+        "--log.level", dest="log_level", default="info", choices=["debug", "info", "warn", "error"]
+    )
+    parser.add_argument("--version", action="version", version=f"volprobe {__version__}")
+    _add_path_flags(parser)
+    args = parser.parse_args(argv)
+    setup_logging("warning" if args.log_level == "warn" else args.log_level)
+    sys.setswitchinterval(0.001)  # a probe thread waiting for the GIL after its syscall waits at most ~1 ms
+
+    try:
+        config = _load_config(args)
+        address = parse_listen_address(args.listen)
+        web = WebConfigWatcher(args.web_config)
+    except ConfigError as err:
+        return _report(err)
+    except ValueError as err:
+        return _report(ConfigError([f"--web.listen-address: {err}"]))
+    host = _host(args)
+    exporter = Exporter(config, host)
+    registry = CollectorRegistry(auto_describe=False)
+    collector = VolprobeCollector(exporter, args.procfs)
+    registry.register(collector)
+    ProcessCollector(registry=registry, proc=args.procfs)
+    PlatformCollector(registry=registry)
+
+    def landing() -> str:
+        resolved, _ = exporter.snapshot()
+        return landing_page(
+            [
+                (
+                    t.name,
+                    t.path,
+                    t.device.name,
+                    ", ".join(f"{p.op} {units.format_size(p.block_size)}" for p in t.probes),
+                )
+                for t in resolved
+            ]
+        )
+
+    try:
+        server = ExporterHTTPServer(address, registry, web, landing)
+    except OSError as err:
+        log.error("cannot listen on %s: %s", args.listen, err.strerror or err)
+        return 1
+    try:
+        exporter.start()
+    except ConfigError as err:
+        server.server_close()
+        return _report(err)
+    if not exporter.probes:
+        log.warning("no targets: nothing to probe (give --config or --target)")
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True)
+    serving.start()
+    server.ready.set()
+    log.info("volprobe %s listening on %s (%d probes)", __version__, args.listen, len(exporter.probes))
+    while not stop.wait(3600):
+        pass
+    stuck = exporter.stop()
+    server.shutdown()
+    server.server_close()
+    if stuck:
+        log.warning("probes still blocked in the kernel at exit: %s", ", ".join(stuck))
+    return 0
+
+
+# -- check-config ------------------------------------------------------------------------------------
+
+
+def _describe_probe(probe: ProbeConfig) -> str:
+    sync = " O_DSYNC" if probe.op == "write" and probe.sync else ""
+    return (
+        f"{probe.op} {units.format_size(probe.block_size)} every {units.format_duration(probe.interval)}"
+        f"{sync}, jitter {probe.jitter:.0%}, revisit {probe.revisit:.0%}"
+    )
+
+
+def run_check_config(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="volprobe check-config", description="Validate a config, print its targets."
+    )
+    parser.add_argument("file")
+    _add_path_flags(parser)
+    args = parser.parse_args(argv)
+    try:
+        config = load(args.file)
+        resolved = targets.resolve(config, _host(args))
+    except ConfigError as err:
+        return _report(err)
+    print(f"{args.file}: OK, {len(resolved)} target(s), window {units.format_duration(config.window)}")
+    for target in resolved:
+        where = f"{target.path} on {target.device.name}" if target.kind == "directory" else target.path
+        print(f"- {target.name}: {target.kind} {where} ({units.format_size(target.device.size_bytes)})")
+        if target.probe_file:
+            print(f"    probe file {target.probe_file}, {units.format_size(target.config.probe_file_size)}")
+        for probe in target.probes:
+            print(f"    {_describe_probe(probe)}")
+    if config.discovery:
+        d = config.discovery
+        print(
+            f"- discovery: include {list(d.include) or ['*']}, exclude {list(d.exclude)}, "
+            f"rescan every {units.format_duration(d.rescan_interval)}"
+        )
+    return 0
+
+
+# -- devices -------------------------------------------------------------------------------------------
+
+
+def _readable(devnode: str) -> str:
+    try:
+        os.close(os.open(devnode, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        return "yes"
+    except OSError as err:
+        return f"no: {err.strerror}"
+
+
+def run_devices(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="volprobe devices",
+        description="Block devices, their identity, and whether volprobe may probe them.",
+    )
+    _add_path_flags(parser)
+    args = parser.parse_args(argv)
+    host = _host(args)
+    rows = [("DEVICE", "KIND", "SIZE", "MODEL", "SERIAL", "VOLUME_ID", "MOUNTED", "READ", "RAW WRITE")]
+    for name, device in sorted(host.devices().items()):
+        read = _readable(device.devnode) if device.size_bytes else "no: no media"
+        refusal = safety.raw_write_refusal(host, device) if device.size_bytes else "has no media"
+        write = "blank (opt in with allow_raw_writes)" if refusal is None else f"no: {refusal}"
+        mounts = ",".join(m.mount_point for m in host.mounts_of(device)) or "-"
+        rows.append(
+            (
+                name,
+                device.kind,
+                units.format_size(device.size_bytes),
+                device.model or "-",
+                device.serial or "-",
+                device.volume_id or "-",
+                mounts,
+                read,
+                write,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1])
+    return 0
+
+
+# -- ping --------------------------------------------------------------------------------------------------
+
+
+def _nearest_rank(sorted_values: list[float], q: float) -> float:
+    return sorted_values[max(1, math.ceil(q * len(sorted_values))) - 1]
+
+
+def run_ping(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="volprobe ping",
+        description="ioping-like: one queue-depth-1 direct I/O probe per line, then statistics.",
+    )
+    parser.add_argument("path", help="block device, or directory (writes go to its probe file)")
+    parser.add_argument("-c", "--count", type=int, default=0, help="stop after N probes (default: until ^C)")
+    parser.add_argument("-i", "--interval", default="1s", help="time between probes (default 1s)")
+    parser.add_argument(
+        "-s", "--block-size", default=None, help="request size (default 4KiB read, 8KiB write)"
+    )
+    parser.add_argument("--write", action="store_true", help="write probes (O_DSYNC) instead of reads")
+    parser.add_argument("--no-sync", action="store_true", help="writes without O_DSYNC")
+    parser.add_argument("--allow-raw-writes", action="store_true", help="permit writes to a blank raw device")
+    parser.add_argument("--probe-file-size", default="64MiB", help="size of a new probe file (default 64MiB)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the statistics")
+    _add_path_flags(parser)
+    args = parser.parse_args(argv)
+    setup_logging("warning")
+    op = "write" if args.write else "read"
+    try:
+        interval = units.parse_duration(args.interval)
+        block_size = units.parse_size(args.block_size) if args.block_size else (8192 if args.write else 4096)
+        file_size = units.parse_size(args.probe_file_size)
+    except ValueError as err:
+        return _report(ConfigError([str(err)]))
+    is_dir = os.path.isdir(args.path)
+    probe = ProbeConfig(op, block_size, interval, args.write and not args.no_sync, 0.0, 0.0, "ping")
+    target = TargetConfig(
+        key="ping",
+        name=None,
+        device=None if is_dir else args.path,
+        directory=args.path if is_dir else None,
+        probe_file_size=file_size,
+        allow_raw_writes=args.allow_raw_writes,
+        probes=(probe,),
+    )
+    if op == "write" and not is_dir and not args.allow_raw_writes:
+        return _report(
+            ConfigError(["ping: --write on a raw device needs --allow-raw-writes (and a blank device)"])
+        )
+    host = _host(args)
+    try:
+        resolved = targets.resolve(Config(targets=(target,)), host)
+        targets.prepare(host, resolved)
+    except ConfigError as err:
+        return _report(err)
+    chosen = resolved[0]
+    io = targets.io_target(host, chosen, probe)
+    runner = ProbeIO(op, io, block_size, 0.0, random.Random(), chosen.fds.pop(op))
+    kind = "probe file" if (is_dir and op == "write") else "block device"
+    size = chosen.config.probe_file_size if kind == "probe file" else chosen.device.size_bytes
+    title = f"{io.path} ({kind} {units.format_size(size)}, {chosen.device.name})"
+    arrow = ">>>" if op == "write" else "<<<"
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    latencies: list[float] = []
+    errors = 0
+    pacer = Pacer(interval, 0.0, random.Random(), time.perf_counter_ns())
+    started = time.monotonic()
+    request = 0
+    while not stop.is_set() and (args.count <= 0 or request < args.count):
+        wait = (pacer.deadline() - time.perf_counter_ns()) / 1e9
+        if request and wait > 0 and stop.wait(wait):
+            break
+        request += 1
+        if runner.fd is None:
+            runner.open()
+        outcome = runner.once()
+        pacer.advance(time.perf_counter_ns())
+        if outcome.error:
+            errors += 1
+            print(f"{arrow} {title}: request={request} error={outcome.error} ({outcome.detail})")
+            continue
+        latencies.append(outcome.latency_ns / 1e9)
+        if not args.quiet:
+            zero = " zeros" if outcome.zero else ""
+            print(
+                f"{units.format_size(block_size)} {arrow} {title}: request={request} "
+                f"time={units.format_duration(latencies[-1])} ({outcome.touch}{zero})"
+            )
+    runner.close()
+    elapsed = time.monotonic() - started
+    print(f"\n--- {title} volprobe ping statistics ---")
+    if not latencies:
+        print(f"{request} requests, {errors} errors, no latency to report")
+        return 1
+    ordered = sorted(latencies)
+    busy = sum(latencies)
+    print(
+        f"{len(latencies)} requests completed in {units.format_duration(busy)}, {errors} errors, "
+        f"{units.format_size(block_size * len(latencies))} {'written' if args.write else 'read'}, "
+        f"{len(latencies) / busy:.0f} iops at queue depth 1, run {units.format_duration(elapsed)}"
+    )
+    mdev = statistics.pstdev(latencies) if len(latencies) > 1 else 0.0
+    print(
+        "min/avg/max/mdev = "
+        + " / ".join(
+            units.format_duration(v) for v in (ordered[0], statistics.fmean(latencies), ordered[-1], mdev)
+        )
+    )
+    print(
+        f"p50/p99 = {units.format_duration(_nearest_rank(ordered, 0.5))} / "
+        f"{units.format_duration(_nearest_rank(ordered, 0.99))}"
+    )
+    return 0 if not errors else 1
+
+
+SUBCOMMANDS = {"check-config": run_check_config, "devices": run_devices, "ping": run_ping}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in SUBCOMMANDS:
+        return SUBCOMMANDS[args[0]](args[1:])
+    return run_exporter(args)

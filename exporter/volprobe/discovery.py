@@ -1,0 +1,353 @@
+"""Block devices, their identity and stacking, and the mounts above them, read from sysfs, /proc and /dev.
+
+pyudev enumerates devices and adds udev's properties where udevd runs; where it does not (containers, the
+development machines) libudev still enumerates but has no properties, and everything falls back to sysfs.
+All roots are parameters so tests run on fixture trees.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# Kernel name prefixes that are never default targets: not volumes anyone provisioned.
+SKIP_BY_DEFAULT = ("loop", "ram", "zram", "sr", "fd", "dm-", "md", "nbd")
+_KIND_BY_PREFIX = (
+    ("dm-", "dm"),
+    ("md", "md"),
+    ("loop", "loop"),
+    ("zram", "zram"),
+    ("ram", "ram"),
+    ("nbd", "nbd"),
+    ("sr", "rom"),
+    ("fd", "floppy"),
+)
+
+
+@dataclass(frozen=True)
+class Mount:
+    major: int
+    minor: int
+    mount_point: str
+    fstype: str
+    source: str
+
+
+@dataclass(frozen=True)
+class BlockDevice:
+    name: str
+    major: int
+    minor: int
+    kind: str  # disk, part, dm, md, loop, zram, ram, nbd, rom, floppy
+    devnode: str
+    size_bytes: int
+    logical_block_size: int
+    physical_block_size: int
+    rotational: bool = False
+    read_only: bool = False
+    parent: str | None = None  # the disk of a partition
+    slaves: tuple[str, ...] = ()
+    holders: tuple[str, ...] = ()
+    partitions: tuple[str, ...] = ()
+    serial: str = ""
+    model: str = ""
+    vendor: str = ""
+    wwn: str = ""
+    volume_id: str = ""
+    dm_name: str = ""
+    links: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def devnum(self) -> str:
+        return f"{self.major}:{self.minor}"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _read_int(path: Path, default: int = 0) -> int:
+    try:
+        return int(_read(path))
+    except ValueError:
+        return default
+
+
+def _unescape_mount(text: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """Mounts from /proc/self/mountinfo (see proc(5)); bad lines are skipped."""
+    mounts = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields_left, fields_right = left.split(), right.split()
+        if not sep or len(fields_left) < 5 or len(fields_right) < 2:
+            continue
+        try:
+            major, minor = (int(x) for x in fields_left[2].split(":"))
+        except ValueError:
+            continue
+        mounts.append(Mount(major, minor, _unescape_mount(fields_left[4]), fields_right[0], fields_right[1]))
+    return mounts
+
+
+def ebs_volume_id(serial: str) -> str:
+    """AWS EBS NVMe serials are the volume id without its dash: vol0123... -> vol-0123..."""
+    match = re.fullmatch(r"vol-?([0-9a-f]{8,17})", serial.strip())
+    return f"vol-{match.group(1)}" if match else ""
+
+
+def _vpd_serial(raw: bytes) -> str:
+    # SCSI VPD page 0x80: 4-byte header, then the serial number, space padded.
+    return raw[4:].decode("ascii", "replace").strip(" \x00") if len(raw) > 4 else ""
+
+
+class Host:
+    """A view of the machine's block devices through injectable /sys, /proc and /dev roots."""
+
+    def __init__(self, sys_root: str = "/sys", proc_root: str = "/proc", dev_root: str = "/dev") -> None:
+        self.sys = Path(sys_root)
+        self.proc = Path(proc_root)
+        self.dev = Path(dev_root)
+
+    # -- enumeration -------------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        try:
+            return sorted(p.name for p in (self.sys / "class" / "block").iterdir())
+        except OSError:
+            return []
+
+    def devices(self) -> dict[str, BlockDevice]:
+        udev = self._udev_properties()
+        links = self._dev_links()
+        return {name: self._device(name, udev.get(name, {}), links.get(name, ())) for name in self.names()}
+
+    def device(self, name: str) -> BlockDevice | None:
+        if not (self.sys / "class" / "block" / name).exists():
+            return None
+        udev = self._udev_properties(only=name)
+        return self._device(name, udev.get(name, {}), self._dev_links().get(name, ()))
+
+    def _udev_properties(self, only: str | None = None) -> dict[str, dict[str, str]]:
+        """udev properties by kernel name: empty where udevd's database is missing, or off the real /sys."""
+        if self.sys != Path("/sys") or not Path("/run/udev/data").is_dir():
+            return {}
+        try:
+            import pyudev
+
+            context = pyudev.Context()
+            if only:
+                found = [pyudev.Devices.from_name(context, "block", only)]
+            else:
+                found = list(context.list_devices(subsystem="block"))
+            return {d.sys_name: dict(d.properties) for d in found}
+        except Exception as err:  # libudev missing or a device vanished mid-walk: sysfs is enough
+            log.debug("pyudev enumeration failed, using sysfs only: %s", err)
+            return {}
+
+    def _dev_links(self) -> dict[str, tuple[str, ...]]:
+        """Symlinks under /dev/disk (by-id, azure, ...) by the kernel name they point at."""
+        result: dict[str, list[str]] = {}
+        base = self.dev / "disk"
+        if not base.is_dir():
+            return {}
+        for dirpath, _dirnames, filenames in os.walk(base):
+            for filename in filenames:
+                link = Path(dirpath) / filename
+                if not link.is_symlink():
+                    continue
+                target = os.path.normpath(os.path.join(dirpath, os.readlink(link)))
+                result.setdefault(os.path.basename(target), []).append(str(link.relative_to(self.dev)))
+        return {name: tuple(sorted(v)) for name, v in result.items()}
+
+    def _device(self, name: str, udev: dict[str, str], links: tuple[str, ...]) -> BlockDevice:
+        base = self.sys / "class" / "block" / name
+        major, _, minor = _read(base / "dev").partition(":")
+        is_partition = (base / "partition").exists()
+        parent = None
+        if is_partition:
+            parent = base.resolve().parent.name
+            if not (self.sys / "class" / "block" / parent).exists():
+                parent = self._partition_parent(name)
+        kind = "part" if is_partition else next((k for p, k in _KIND_BY_PREFIX if name.startswith(p)), "disk")
+        queue = (self.sys / "class" / "block" / (parent or name)) / "queue"
+        identity_base = self.sys / "class" / "block" / (parent or name)
+        serial, model, vendor, wwn = self._identity(identity_base, udev)
+        device = BlockDevice(
+            name=name,
+            major=int(major or 0),
+            minor=int(minor or 0),
+            kind=kind,
+            devnode=str(self.dev / name),
+            size_bytes=_read_int(base / "size") * 512,
+            logical_block_size=_read_int(queue / "logical_block_size", 512),
+            physical_block_size=_read_int(queue / "physical_block_size", 512),
+            rotational=_read(queue / "rotational") == "1",
+            read_only=_read(base / "ro") == "1",
+            parent=parent,
+            slaves=self._listdir(base / "slaves"),
+            holders=self._listdir(base / "holders"),
+            partitions=tuple(sorted(p.name for p in self._subdirs(base) if (p / "partition").exists())),
+            serial=serial,
+            model=model,
+            vendor=vendor,
+            wwn=wwn,
+            dm_name=_read(base / "dm" / "name"),
+            links=links,
+        )
+        volume = self._volume_id(device, links, udev)
+        return replace(device, volume_id=volume) if volume else device
+
+    def _partition_parent(self, name: str) -> str | None:
+        for candidate in self.names():
+            if (self.sys / "class" / "block" / candidate / name / "partition").exists():
+                return candidate
+        return None
+
+    @staticmethod
+    def _listdir(path: Path) -> tuple[str, ...]:
+        try:
+            return tuple(sorted(p.name for p in path.iterdir()))
+        except OSError:
+            return ()
+
+    @staticmethod
+    def _subdirs(path: Path) -> list[Path]:
+        try:
+            return [p for p in path.iterdir() if p.is_dir() and not p.is_symlink()]
+        except OSError:
+            return []
+
+    @staticmethod
+    def _identity(base: Path, udev: dict[str, str]) -> tuple[str, str, str, str]:
+        device = base / "device"
+        serial = udev.get("ID_SERIAL_SHORT") or _read(base / "serial") or _read(device / "serial")
+        if not serial:
+            try:
+                serial = _vpd_serial((device / "vpd_pg80").read_bytes())
+            except OSError:
+                serial = ""
+        model = udev.get("ID_MODEL") or _read(device / "model")
+        vendor = udev.get("ID_VENDOR") or _read(device / "vendor")
+        wwn = udev.get("ID_WWN") or _read(base / "wwid") or _read(device / "wwid")
+        return serial.strip(), model.strip(), vendor.strip(), wwn.strip()
+
+    @staticmethod
+    def _volume_id(device: BlockDevice, links: tuple[str, ...], udev: dict[str, str]) -> str:
+        if "Amazon Elastic Block Store" in device.model:
+            return ebs_volume_id(device.serial)
+        all_links = set(links) | {
+            link.removeprefix("/dev/") for link in udev.get("DEVLINKS", "").split() if link
+        }
+        for link in sorted(all_links):
+            match = re.fullmatch(r"disk/by-id/google-(.+)", link)
+            if match and not re.search(r"-part\d+$", match.group(1)):
+                return match.group(1)
+        azure = sorted(link for link in all_links if link.startswith("disk/azure/"))
+        for link in azure:
+            if "/by-name/" in link:
+                return link.rsplit("/", 1)[1]
+        for link in azure:
+            match = re.search(r"(?:by-lun/|lun)(\d+)$", link)
+            if match:
+                return f"lun{match.group(1)}"
+        if device.vendor == "Google" and device.model == "PersistentDisk":
+            return device.serial
+        return ""
+
+    # -- paths and mounts ---------------------------------------------------------------------------
+
+    def mounts(self) -> list[Mount]:
+        try:
+            return parse_mountinfo((self.proc / "self" / "mountinfo").read_text())
+        except OSError:
+            return []
+
+    def name_for_devnum(self, major: int, minor: int) -> str | None:
+        link = self.sys / "dev" / "block" / f"{major}:{minor}"
+        try:
+            return Path(os.readlink(link)).name
+        except OSError:
+            return None
+
+    def mount_for_path(self, path: str) -> Mount | None:
+        """The mount a path lives on: same st_dev, longest mount point that is a prefix of the path."""
+        real = os.path.realpath(path)
+        try:
+            st_dev = os.stat(real).st_dev
+        except OSError:
+            return None
+        best = None
+        for mount in self.mounts():
+            prefix = mount.mount_point.rstrip("/") + "/"
+            if real != mount.mount_point and not real.startswith(prefix) and mount.mount_point != "/":
+                continue
+            if (mount.major, mount.minor) != (os.major(st_dev), os.minor(st_dev)):
+                continue
+            if best is None or len(mount.mount_point) > len(best.mount_point):
+                best = mount
+        return best
+
+    def device_for_path(self, path: str) -> str | None:
+        """Kernel name of the block device a path is (a device node) or lives on (a file or directory)."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if stat.S_ISBLK(st.st_mode):
+            return self.name_for_devnum(os.major(st.st_rdev), os.minor(st.st_rdev))
+        name = self.name_for_devnum(os.major(st.st_dev), os.minor(st.st_dev))
+        if name:
+            return name
+        # btrfs and others report an anonymous st_dev: the mount's source names the device.
+        mount = self.mount_for_path(path)
+        if mount and mount.source.startswith("/dev/"):
+            try:
+                rdev = os.stat(mount.source).st_rdev
+                return self.name_for_devnum(os.major(rdev), os.minor(rdev))
+            except OSError:
+                return None
+        return None
+
+    def mounts_of(self, device: BlockDevice) -> list[Mount]:
+        """Mounts of the device itself or of any of its partitions."""
+        devnums = {(device.major, device.minor)}
+        for part in device.partitions:
+            other = self.device(part)
+            if other:
+                devnums.add((other.major, other.minor))
+        return [m for m in self.mounts() if (m.major, m.minor) in devnums]
+
+    def leaf_disks(self, name: str) -> list[str]:
+        """Whole disks under a device: a partition's disk, the slaves of dm and md devices, recursively."""
+        device = self.device(name)
+        if device is None:
+            return []
+        if device.parent:
+            return self.leaf_disks(device.parent)
+        if device.slaves:
+            result: list[str] = []
+            for slave in device.slaves:
+                result.extend(d for d in self.leaf_disks(slave) if d not in result)
+            return result
+        return [name]
+
+    def swaps(self) -> set[str]:
+        """Device nodes in use as swap."""
+        try:
+            lines = (self.proc / "swaps").read_text().splitlines()[1:]
+        except OSError:
+            return set()
+        return {line.split()[0] for line in lines if line.strip()}

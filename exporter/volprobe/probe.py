@@ -1,0 +1,355 @@
+"""The probe engine: one thread per probe, one synchronous O_DIRECT request at a time, paced by deadline.
+
+Only the syscall sits between the two clock reads. Everything else a probe needs (choosing the offset,
+stamping the write buffer, checking a read for zeros, recording the sample) happens outside them.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import random
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .stats import ProbeStats
+
+log = logging.getLogger(__name__)
+
+SECTOR = 512
+MAX_ERROR_BACKOFF_S = 30.0
+# errnos after which the descriptor is worthless: the device went away or was replaced.
+REOPEN_ERRNOS = {errno.ENXIO, errno.ENODEV, errno.ENOENT, errno.EBADF, errno.ESTALE, errno.ENOMEDIUM}
+_M64 = (1 << 64) - 1
+
+
+class BlockPermutation:
+    """A keyed pseudo-random permutation of range(n): a 4-round Feistel network with cycle walking.
+
+    The k-th fresh probe goes to block perm(k), so fresh offsets never repeat and look random to the
+    storage, and whether an offset was probed before is known exactly with O(1) memory.
+    """
+
+    ROUNDS = 4
+
+    def __init__(self, n: int, key: int) -> None:
+        if n <= 0:
+            raise ValueError("a permutation needs at least one element")
+        self.n = n
+        bits = max(2, (n - 1).bit_length())
+        self.half = (bits + 1) // 2
+        self.mask = (1 << self.half) - 1
+        rng = random.Random(key)
+        self.keys = [rng.getrandbits(64) for _ in range(self.ROUNDS)]
+
+    def _encrypt(self, x: int) -> int:
+        left, right = x >> self.half, x & self.mask
+        for key in self.keys:
+            mixed = ((right ^ key) * 0x9E3779B97F4A7C15) & _M64
+            mixed ^= mixed >> 29
+            left, right = right, left ^ (mixed & self.mask)
+        return (left << self.half) | right
+
+    def __call__(self, index: int) -> int:
+        x = self._encrypt(index)
+        while x >= self.n:  # the domain is at most 4n, so this loops fewer than 4 times on average
+            x = self._encrypt(x)
+        return x
+
+
+class OffsetPicker:
+    """Chooses the next block: a fresh one, or with probability `revisit` one probed before."""
+
+    def __init__(self, nblocks: int, revisit: float, rng: random.Random, key: int | None = None) -> None:
+        self.nblocks = nblocks
+        self.revisit = revisit
+        self.rng = rng
+        self.permutation = BlockPermutation(nblocks, rng.getrandbits(64) if key is None else key)
+        self.fresh_used = 0
+
+    def next(self) -> tuple[int, str]:
+        """(block index, "first" or "repeat")."""
+        if self.fresh_used and (self.fresh_used >= self.nblocks or self.rng.random() < self.revisit):
+            return self.permutation(self.rng.randrange(self.fresh_used)), "repeat"
+        block = self.permutation(self.fresh_used)
+        self.fresh_used += 1
+        return block, "first"
+
+
+@dataclass(frozen=True)
+class IOTarget:
+    """Where one probe does its I/O: a file or device, the byte region it may touch, and how it opens."""
+
+    path: str
+    flags: int  # os.open flags, O_DIRECT included
+    region_start: int
+    region_end: int
+    opener: Callable[[], int] | None = None  # reopens after the device went away (re-runs safety checks)
+
+    def open(self) -> int:
+        if self.opener is not None:
+            return self.opener()
+        return os.open(self.path, self.flags | os.O_CLOEXEC)
+
+
+class Pacer:
+    """Fixed-rate deadlines with optional jitter; slots passed while a probe ran are skipped, not replayed."""
+
+    def __init__(self, interval_s: float, jitter: float, rng: random.Random, now_ns: int) -> None:
+        self.rng = rng
+        self.jitter = jitter
+        self.set_interval(interval_s, now_ns)
+
+    def set_interval(self, interval_s: float, now_ns: int) -> None:
+        self.interval_ns = max(1, int(interval_s * 1e9))
+        self.start_ns = now_ns
+        self.slot = 0
+
+    def deadline(self) -> int:
+        offset = int(self.rng.random() * self.jitter * self.interval_ns) if self.jitter else 0
+        return self.start_ns + self.slot * self.interval_ns + offset
+
+    def advance(self, now_ns: int) -> int:
+        """Move to the next slot that has not started yet; return how many slots were skipped."""
+        due = (now_ns - self.start_ns) // self.interval_ns + 1
+        skipped = max(0, due - (self.slot + 1))
+        self.slot = max(self.slot + 1, due)
+        return skipped
+
+
+class WriteData:
+    """A page-aligned random buffer; every write stamps a never-repeating counter into each 512-byte sector,
+    so no two writes (nor two sectors of one write) carry the same bytes: compression, dedupe and zero
+    detection in the storage cannot make writes look fast."""
+
+    def __init__(self, buffer: mmap.mmap) -> None:
+        self.view = memoryview(buffer)
+        self.view[:] = os.urandom(len(buffer))
+        self.sectors = len(buffer) // SECTOR
+        self.counter = random.getrandbits(63)
+
+    def stamp(self) -> None:
+        self.counter += 1
+        stamp = struct.pack("<Q", self.counter)
+        for i in range(8):
+            self.view[i::SECTOR] = stamp[i : i + 1] * self.sectors
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One probe's result: a latency, or an error named by errno (or SHORT for a short transfer)."""
+
+    offset: int
+    touch: str
+    latency_ns: int = 0
+    end_ns: int = 0
+    error: str = ""
+    detail: str = ""
+    zero: bool = False
+
+
+class ProbeIO:
+    """Does one synchronous, direct, aligned request at a time on one target and times exactly the syscall."""
+
+    def __init__(
+        self,
+        op: str,
+        io: IOTarget,
+        block_size: int,
+        revisit: float,
+        rng: random.Random,
+        fd: int | None = None,
+    ) -> None:
+        if op not in ("read", "write"):
+            raise ValueError(f"unknown op {op!r}")
+        nblocks = (io.region_end - io.region_start) // block_size
+        if nblocks < 1:
+            raise ValueError(f"{io.path}: no room for a {block_size}-byte block in the probe region")
+        self.op = op
+        self.io = io
+        self.block_size = block_size
+        self.picker = OffsetPicker(nblocks, revisit, rng)
+        self.buffer = mmap.mmap(-1, block_size)  # anonymous mappings are page aligned, as O_DIRECT needs
+        self._bufs = [self.buffer]
+        self._view = memoryview(self.buffer)
+        self.write_data = WriteData(self.buffer) if op == "write" else None
+        self._zeros = bytes(block_size)
+        self.fd = fd
+        self.inflight_since_ns = 0  # read by scrapes; 0 when no request is in flight
+
+    def open(self) -> None:
+        if self.fd is None:
+            self.fd = self.io.open()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+
+    def once(self) -> Outcome:
+        """One probe. The descriptor must be open; it is closed again when the device went away."""
+        clock = time.perf_counter_ns
+        block, touch = self.picker.next()
+        offset = self.io.region_start + block * self.block_size
+        fd = self.fd
+        assert fd is not None
+        try:
+            if self.write_data is not None:
+                self.write_data.stamp()
+                view = self._view
+                self.inflight_since_ns = clock()
+                t0 = clock()
+                done = os.pwrite(fd, view, offset)
+                t1 = clock()
+            else:
+                bufs = self._bufs
+                self.inflight_since_ns = clock()
+                t0 = clock()
+                done = os.preadv(fd, bufs, offset)
+                t1 = clock()
+        except OSError as err:
+            self.inflight_since_ns = 0
+            if err.errno in REOPEN_ERRNOS:
+                self.close()
+            name = errno.errorcode.get(err.errno or 0, "EUNKNOWN")
+            return Outcome(offset, touch, error=name, detail=f"{self.op} at {offset}: {err.strerror}")
+        self.inflight_since_ns = 0
+        if done != self.block_size:
+            return Outcome(
+                offset,
+                touch,
+                error="SHORT",
+                detail=f"{self.op} at {offset}: {done} of {self.block_size} bytes",
+            )
+        zero = self.write_data is None and self.buffer[:] == self._zeros
+        return Outcome(offset, touch, t1 - t0, t1, zero=zero)
+
+
+class ProbeWorker:
+    """Runs one probe (op and block size on one target) in its own thread, paced by deadline."""
+
+    def __init__(
+        self,
+        name: str,
+        op: str,
+        io: IOTarget,
+        block_size: int,
+        interval_s: float,
+        jitter: float,
+        revisit: float,
+        stats: ProbeStats,
+        fd: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.name = name
+        self.op = op
+        self.interval_s = interval_s
+        self.jitter = jitter
+        self.stats = stats
+        self.rng = random.Random(seed)
+        self.probe = ProbeIO(op, io, block_size, revisit, self.rng, fd)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._slowdown = 1.0
+        # Read by scrapes; written only by the worker thread.
+        self.missed = 0
+        self.zero_reads = 0
+        self.completed = 0
+        self.errors: dict[str, int] = {}
+        self.last_error = ""
+
+    # -- control ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"probe {self.name} {self.op}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the thread; False if it is still stuck in the kernel (a stalled device)."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def close(self) -> None:
+        """Release the descriptor once the thread is gone (a thread stuck in the kernel keeps it)."""
+        if self._thread is None or not self._thread.is_alive():
+            self.probe.close()
+
+    def set_slowdown(self, factor: float) -> None:
+        """Stretch the interval (throttle back-off); 1 restores the configured rate."""
+        if factor != self._slowdown:
+            self._slowdown = factor
+            self._wake.set()
+
+    @property
+    def slowdown(self) -> float:
+        return self._slowdown
+
+    def inflight_seconds(self, now_ns: int | None = None) -> float:
+        since = self.probe.inflight_since_ns
+        if not since:
+            return 0.0
+        return max(0, (now_ns or time.perf_counter_ns()) - since) / 1e9
+
+    def error_counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.errors)
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def _count_error(self, name: str, detail: str) -> None:
+        with self._lock:
+            self.errors[name] = self.errors.get(name, 0) + 1
+        if detail != self.last_error:
+            log.warning("probe %s %s: %s", self.name, self.op, detail)
+        self.last_error = detail
+
+    def _run(self) -> None:
+        clock = time.perf_counter_ns
+        pacer = Pacer(self.interval_s, self.jitter, self.rng, clock())
+        slowdown = self._slowdown
+        failures = 0
+        while not self._stop.is_set():
+            if slowdown != self._slowdown:
+                slowdown = self._slowdown
+                pacer.set_interval(self.interval_s * slowdown, clock())
+            wait_ns = pacer.deadline() - clock()
+            if failures:  # back off exponentially while the device keeps failing
+                wait_ns = max(wait_ns, int(min(self.interval_s * 2**failures, MAX_ERROR_BACKOFF_S) * 1e9))
+            if wait_ns > 0 and self._wake.wait(wait_ns / 1e9):
+                self._wake.clear()
+                continue  # stopped, or the interval changed: plan again
+            try:
+                self.probe.open()
+            except OSError as err:
+                failures += 1
+                self._count_error(errno.errorcode.get(err.errno or 0, "EUNKNOWN"), f"open: {err}")
+                pacer.advance(clock())
+                continue
+            outcome = self.probe.once()
+            if outcome.error:
+                failures += 1
+                self._count_error(outcome.error, outcome.detail)
+            else:
+                failures = 0
+                self.completed += 1
+                self.stats.record(outcome.latency_ns, outcome.touch, outcome.end_ns)
+                if outcome.zero:
+                    self.zero_reads += 1
+            self.missed += pacer.advance(clock())
+        self.probe.inflight_since_ns = 0

@@ -1,0 +1,159 @@
+"""HTTP(S) endpoint: /metrics, a landing page and /-/healthy, with the exporter-toolkit web configuration.
+
+Connections are accepted plainly and, when TLS is configured, wrapped and handshaken in their own thread,
+so a slow or hostile client never holds up the accept loop, and renewed certificates apply to the next
+connection.
+"""
+
+from __future__ import annotations
+
+import gzip
+import html
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from . import __version__
+from .webconfig import WebConfigWatcher
+
+log = logging.getLogger(__name__)
+HANDSHAKE_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 30.0
+
+
+def parse_listen_address(address: str) -> tuple[str, int]:
+    """`:10130`, `0.0.0.0:10130`, `[::1]:10130` or `localhost:10130` -> (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{address!r} is not host:port (e.g. :10130, 127.0.0.1:10130, [::1]:10130)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+class ExporterHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        registry: CollectorRegistry,
+        web: WebConfigWatcher,
+        landing: Callable[[], str] | None = None,
+    ) -> None:
+        host = address[0]
+        self.address_family = socket.AF_INET6 if (not host or ":" in host) else socket.AF_INET
+        self.registry = registry
+        self.web = web
+        self.landing = landing or (lambda: "")
+        self.ready = threading.Event()
+        super().__init__((host or "::", address[1]), _Handler)
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:
+            try:  # one socket for IPv4 and IPv6, as Go's ":port" does
+                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            except OSError:
+                pass
+        super().server_bind()
+
+    def finish_request(self, request, client_address) -> None:  # type: ignore[override]
+        config = self.web.current()
+        connection = request
+        if config.tls is not None:
+            request.settimeout(HANDSHAKE_TIMEOUT_S)
+            try:
+                connection = config.tls.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError) as err:
+                log.debug("TLS handshake with %s failed: %s", client_address[0], err)
+                return
+        try:
+            connection.settimeout(REQUEST_TIMEOUT_S)
+            _Handler(connection, client_address, self)
+        finally:
+            if connection is not request:
+                connection.close()
+
+    def handle_error(self, request, client_address) -> None:  # type: ignore[override]
+        log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ExporterHTTPServer
+    server_version = f"volprobe/{__version__}"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in {**self.server.web.current().headers, **(extra or {})}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        config = self.server.web.current()
+        if not self.server.web.authorized(config, self.headers.get("Authorization")):
+            self._send(
+                401,
+                b"Unauthorized\n",
+                "text/plain; charset=utf-8",
+                {"WWW-Authenticate": 'Basic realm="volprobe"'},
+            )
+            return
+        path = urlsplit(self.path).path
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            try:
+                body = encoder(self.server.registry)
+            except Exception:
+                log.exception("scrape failed")
+                self._send(500, b"scrape failed; see the exporter's log\n", "text/plain; charset=utf-8")
+                return
+            extra = {}
+            if "gzip" in self.headers.get("Accept-Encoding", ""):
+                body = gzip.compress(body, compresslevel=1)
+                extra["Content-Encoding"] = "gzip"
+            self._send(200, body, content_type, extra)
+        elif path in ("/-/healthy", "/-/ready"):
+            ready = path == "/-/healthy" or self.server.ready.is_set()
+            self._send(
+                200 if ready else 503, b"OK\n" if ready else b"Starting\n", "text/plain; charset=utf-8"
+            )
+        elif path == "/":
+            self._send(200, self.server.landing().encode(), "text/html; charset=utf-8")
+        else:
+            self._send(404, b"Not Found\n", "text/plain; charset=utf-8")
+
+
+def landing_page(rows: list[tuple[str, str, str, str]]) -> str:
+    """The / page: what this is, where the metrics are, and what is being probed."""
+    body = (
+        "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+        or "<tr><td colspan=4>no targets</td></tr>"
+    )
+    return (
+        "<!DOCTYPE html><html><head><title>volprobe</title></head><body>"
+        f"<h1>volprobe {html.escape(__version__)}</h1>"
+        "<p>Queue-depth-1 direct I/O probes of block volumes: latency, throttling and warm-up.</p>"
+        '<p><a href="/metrics">Metrics</a> &middot; <a href="/-/healthy">Health</a></p>'
+        "<table border=1 cellpadding=4><tr><th>target</th><th>path</th><th>device</th><th>probes</th></tr>"
+        f"{body}</table></body></html>"
+    )

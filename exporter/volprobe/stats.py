@@ -1,0 +1,177 @@
+"""Latency statistics: a log-linear high-resolution histogram, a sliding window of it, Prometheus buckets.
+
+The high-resolution histogram follows the scheme of fio's stat.h: values (nanoseconds) below 128 have a
+bucket each; above, every power-of-two range [2^m, 2^(m+1)) is split into 64 equal buckets. A bucket is
+reported by its midpoint, so any value it stands for is off by at most half a bucket width:
+
+    relative error <= (2^(m-6) / 2) / 2^m = 1/128 = 0.78 %
+
+Quantiles use the nearest-rank definition (the ceil(q*n)-th smallest sample). The bucket holding that rank
+holds the exact order statistic, so a reported quantile is within RELATIVE_ERROR of the exact one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+PLAT_BITS = 6
+PLAT_VAL = 1 << PLAT_BITS
+RELATIVE_ERROR = 1 / (2 * PLAT_VAL)
+
+SUMMARY_QUANTILES = (0.5, 0.9, 0.99, 0.999)
+TOUCHES = ("first", "repeat")
+
+# 10 us .. 20 s, seven steps per decade (the widest step is x1.5): 45 buckets plus +Inf.
+DEFAULT_BUCKETS: tuple[float, ...] = (
+    *(float(f"{mantissa}e{exponent}") for exponent in range(-5, 1) for mantissa in (1, 1.5, 2, 3, 4, 5, 7)),
+    10.0,
+    15.0,
+    20.0,
+)
+MAX_BUCKETS = 50
+
+
+def bucket_index(ns: int) -> int:
+    """Index of the high-resolution bucket holding `ns` nanoseconds."""
+    if ns < 2 * PLAT_VAL:
+        return max(ns, 0)
+    shift = ns.bit_length() - 1 - PLAT_BITS
+    return (shift + 1) * PLAT_VAL + ((ns >> shift) - PLAT_VAL)
+
+
+def bucket_midpoint(index: int) -> float:
+    """The value (nanoseconds) a bucket stands for: the middle of the integers it covers."""
+    if index < 2 * PLAT_VAL:
+        return float(index)
+    shift = index // PLAT_VAL - 1
+    low = (PLAT_VAL + index % PLAT_VAL) << shift
+    return low + ((1 << shift) - 1) / 2
+
+
+def quantiles_from_counts(counts: Mapping[int, int], qs: Sequence[float]) -> list[float]:
+    """Nearest-rank quantiles, in nanoseconds, of a sparse {bucket index: count} histogram (NaN if empty)."""
+    total = sum(counts.values())
+    if total == 0:
+        return [math.nan for _ in qs]
+    ranks = [max(1, math.ceil(q * total)) for q in qs]
+    order = sorted(range(len(qs)), key=lambda i: ranks[i])
+    result = [math.nan] * len(qs)
+    seen = 0
+    pending = iter(order)
+    current = next(pending, None)
+    for index in sorted(counts):
+        seen += counts[index]
+        while current is not None and ranks[current] <= seen:
+            result[current] = bucket_midpoint(index)
+            current = next(pending, None)
+        if current is None:
+            break
+    return result
+
+
+class SlidingHistogram:
+    """High-resolution histogram over the last `window` seconds, kept as `slices` rotating sparse parts.
+
+    The window covers between (slices-1)/slices and all of `window`: old samples leave one slice at a time.
+    """
+
+    def __init__(self, window_s: float, slices: int = 10) -> None:
+        self.window_ns = int(window_s * 1e9)
+        self.slices = slices
+        self.slice_ns = max(1, self.window_ns // slices)
+        self._parts: deque[tuple[int, dict[int, int]]] = deque()
+
+    def add(self, ns: int, now_ns: int) -> None:
+        number = now_ns // self.slice_ns
+        if not self._parts or self._parts[-1][0] != number:
+            self._parts.append((number, {}))
+            while self._parts and self._parts[0][0] <= number - self.slices:
+                self._parts.popleft()
+        counts = self._parts[-1][1]
+        index = bucket_index(ns)
+        counts[index] = counts.get(index, 0) + 1
+
+    def counts(self, now_ns: int) -> dict[int, int]:
+        oldest = now_ns // self.slice_ns - self.slices
+        merged: dict[int, int] = {}
+        for number, counts in self._parts:
+            if number > oldest:
+                for index, count in counts.items():
+                    merged[index] = merged.get(index, 0) + count
+        return merged
+
+
+def validate_buckets(bounds: Iterable[float]) -> tuple[float, ...]:
+    result = tuple(float(b) for b in bounds)
+    if not result:
+        raise ValueError("needs at least one bucket")
+    if len(result) > MAX_BUCKETS:
+        raise ValueError(f"{len(result)} buckets; at most {MAX_BUCKETS} keep the series count sane")
+    if any(b <= 0 for b in result) or any(a >= b for a, b in itertools.pairwise(result)):
+        raise ValueError("bucket bounds must be positive and strictly increasing")
+    return result
+
+
+@dataclass
+class TouchSeries:
+    """Everything recorded for one (probe, touch) pair."""
+
+    bucket_counts: list[int]
+    window: SlidingHistogram
+    count: int = 0
+    sum_ns: int = 0
+
+
+@dataclass
+class LatencySnapshot:
+    """A consistent copy of one touch's statistics, taken at scrape time."""
+
+    buckets: list[tuple[float, int]]  # (upper bound in seconds, cumulative count), ending with +Inf
+    count: int
+    sum_seconds: float
+    quantiles: list[float]  # seconds, for SUMMARY_QUANTILES, NaN when the window is empty
+    window_count: int
+
+
+@dataclass
+class ProbeStats:
+    """Latency statistics of one probe, split by touch; recorded by the worker, read by scrapes."""
+
+    window_s: float
+    buckets: tuple[float, ...] = DEFAULT_BUCKETS
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self._bounds_ns = [round(b * 1e9) for b in self.buckets]
+        self._series = {
+            touch: TouchSeries([0] * (len(self.buckets) + 1), SlidingHistogram(self.window_s))
+            for touch in TOUCHES
+        }
+
+    def record(self, latency_ns: int, touch: str, now_ns: int) -> None:
+        series = self._series[touch]
+        slot = bisect.bisect_left(self._bounds_ns, latency_ns)
+        with self._lock:
+            series.bucket_counts[slot] += 1
+            series.count += 1
+            series.sum_ns += latency_ns
+            series.window.add(latency_ns, now_ns)
+
+    def snapshot(self, touch: str, now_ns: int) -> LatencySnapshot:
+        series = self._series[touch]
+        with self._lock:
+            counts = list(series.bucket_counts)
+            total, sum_ns = series.count, series.sum_ns
+            window_counts = series.window.counts(now_ns)
+        cumulative, running = [], 0
+        for bound, count in zip((*self.buckets, math.inf), counts, strict=True):
+            running += count
+            cumulative.append((bound, running))
+        quantiles = [q / 1e9 for q in quantiles_from_counts(window_counts, SUMMARY_QUANTILES)]
+        return LatencySnapshot(cumulative, total, sum_ns / 1e9, quantiles, sum(window_counts.values()))
