@@ -14,8 +14,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry
-from prometheus_client import PlatformCollector, ProcessCollector
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
 from . import __version__, safety, targets, units
 from .collector import VolprobeCollector
@@ -37,9 +36,7 @@ class _LogfmtFormatter(logging.Formatter):
         message = record.getMessage().replace('"', '\\"').replace("\n", " | ")
         line = f'ts={ts} level={record.levelname.lower()} logger={record.name} msg="{message}"'
         if record.exc_info:
-            line += (
-                ' err="' + self.formatException(record.exc_info).replace('"', "'").replace("\n", " | ") + '"'
-            )
+            line += ' err="' + self.formatException(record.exc_info).replace('"', "'").replace("\n", " | ") + '"'
         return line
 
 
@@ -63,9 +60,7 @@ def _host(args: argparse.Namespace) -> Host:
 
 def _add_path_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--path.sysfs", dest="sysfs", default="/sys", help="sysfs mount point (default /sys)")
-    parser.add_argument(
-        "--path.procfs", dest="procfs", default="/proc", help="procfs mount point (default /proc)"
-    )
+    parser.add_argument("--path.procfs", dest="procfs", default="/proc", help="procfs mount point (default /proc)")
     parser.add_argument("--path.devfs", dest="devfs", default="/dev", help="devfs mount point (default /dev)")
 
 
@@ -86,19 +81,11 @@ def run_exporter(argv: Sequence[str]) -> int:
         description="Prometheus exporter: queue-depth-1 direct I/O probes of block volumes. "
         "Subcommands: check-config, devices, ping (volprobe SUBCOMMAND --help).",
     )
-    parser.add_argument(
-        "--config", help="YAML configuration file (default: probe every whole disk, read-only)"
-    )
-    parser.add_argument(
-        "--target", action="append", metavar="PATH", help="probe a device or directory (repeatable)"
-    )
+    parser.add_argument("--config", help="YAML configuration file (default: probe every whole disk, read-only)")
+    parser.add_argument("--target", action="append", metavar="PATH", help="probe a device or directory (repeatable)")
     parser.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN, help="default :10130")
-    parser.add_argument(
-        "--web.config.file", dest="web_config", help="exporter-toolkit web config (TLS, basic auth)"
-    )
-    parser.add_argument(
-        "--log.level", dest="log_level", default="info", choices=["debug", "info", "warn", "error"]
-    )
+    parser.add_argument("--web.config.file", dest="web_config", help="exporter-toolkit web config (TLS, basic auth)")
+    parser.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warn", "error"])
     parser.add_argument("--version", action="version", version=f"volprobe {__version__}")
     _add_path_flags(parser)
     args = parser.parse_args(argv)
@@ -182,9 +169,7 @@ def _describe_probe(probe: ProbeConfig) -> str:
 
 
 def run_check_config(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="volprobe check-config", description="Validate a config, print its targets."
-    )
+    parser = argparse.ArgumentParser(prog="volprobe check-config", description="Validate a config, print its targets.")
     parser.add_argument("file")
     _add_path_flags(parser)
     args = parser.parse_args(argv)
@@ -269,9 +254,7 @@ def run_ping(argv: Sequence[str]) -> int:
     parser.add_argument("path", help="block device, or directory (writes go to its probe file)")
     parser.add_argument("-c", "--count", type=int, default=0, help="stop after N probes (default: until ^C)")
     parser.add_argument("-i", "--interval", default="1s", help="time between probes (default 1s)")
-    parser.add_argument(
-        "-s", "--block-size", default=None, help="request size (default 4KiB read, 8KiB write)"
-    )
+    parser.add_argument("-s", "--block-size", default=None, help="request size (default 4KiB read, 8KiB write)")
     parser.add_argument("--write", action="store_true", help="write probes (O_DSYNC) instead of reads")
     parser.add_argument("--no-sync", action="store_true", help="writes without O_DSYNC")
     parser.add_argument("--allow-raw-writes", action="store_true", help="permit writes to a blank raw device")
@@ -299,9 +282,7 @@ def run_ping(argv: Sequence[str]) -> int:
         probes=(probe,),
     )
     if op == "write" and not is_dir and not args.allow_raw_writes:
-        return _report(
-            ConfigError(["ping: --write on a raw device needs --allow-raw-writes (and a blank device)"])
-        )
+        return _report(ConfigError(["ping: --write on a raw device needs --allow-raw-writes (and a blank device)"]))
     host = _host(args)
     try:
         resolved = targets.resolve(Config(targets=(target,)), host)
@@ -358,9 +339,7 @@ def run_ping(argv: Sequence[str]) -> int:
     mdev = statistics.pstdev(latencies) if len(latencies) > 1 else 0.0
     print(
         "min/avg/max/mdev = "
-        + " / ".join(
-            units.format_duration(v) for v in (ordered[0], statistics.fmean(latencies), ordered[-1], mdev)
-        )
+        + " / ".join(units.format_duration(v) for v in (ordered[0], statistics.fmean(latencies), ordered[-1], mdev))
     )
     print(
         f"p50/p99 = {units.format_duration(_nearest_rank(ordered, 0.5))} / "

@@ -169,9 +169,7 @@ class VolprobeCollector(Collector):
                         {**labels, "touch": touch, "quantile": floatToGoString(q)},
                         value,
                     )
-                recent.add_sample(
-                    "volprobe_probe_latency_recent_seconds_count", {**labels, "touch": touch}, snap.count
-                )
+                recent.add_sample("volprobe_probe_latency_recent_seconds_count", {**labels, "touch": touch}, snap.count)
                 recent.add_sample(
                     "volprobe_probe_latency_recent_seconds_sum", {**labels, "touch": touch}, snap.sum_seconds
                 )
@@ -217,9 +215,7 @@ class VolprobeCollector(Collector):
                 "disks",
             ],
         )
-        size = GaugeMetricFamily(
-            "volprobe_device_size_bytes", "Size of a probed block device.", labels=["device"]
-        )
+        size = GaugeMetricFamily("volprobe_device_size_bytes", "Size of a probed block device.", labels=["device"])
         seen: set[str] = set()
         for target in targets:
             d = target.device

@@ -131,9 +131,7 @@ class _Checker:
                 self.fail(_join(key, str(name)), f"unknown key (expected one of: {hint})")
         return dict(value)
 
-    def convert(
-        self, data: Mapping[str, Any], name: str, key: str, parse: Callable[[Any], Any], default: Any
-    ):
+    def convert(self, data: Mapping[str, Any], name: str, key: str, parse: Callable[[Any], Any], default: Any):
         if name not in data or data[name] is None:
             return default
         try:
@@ -279,9 +277,7 @@ def _probes(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> tuple[P
         if probe is None:
             continue
         if any(p.op == probe.op for p in probes):
-            check.fail(
-                f"{key}[{index}].op", f"a second {probe.op} probe on the same target (their series collide)"
-            )
+            check.fail(f"{key}[{index}].op", f"a second {probe.op} probe on the same target (their series collide)")
             continue
         probes.append(probe)
     return tuple(probes)
@@ -377,9 +373,7 @@ def _throttle(check: _Checker, raw: Any) -> ThrottleConfig:
         backoff=check.convert(data, "backoff", "throttle", _positive_number, 10.0),
     )
     if result.backoff < 1:
-        check.fail(
-            "throttle.backoff", f"{result.backoff} would speed probes up; use 1 to disable the back-off"
-        )
+        check.fail("throttle.backoff", f"{result.backoff} would speed probes up; use 1 to disable the back-off")
     if result.window < 10 * result.sample_interval:
         check.fail("throttle.window", "must hold at least 10 samples (window >= 10 x sample_interval)")
     return result

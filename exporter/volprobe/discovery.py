@@ -248,9 +248,7 @@ class Host:
     def _volume_id(device: BlockDevice, links: tuple[str, ...], udev: dict[str, str]) -> str:
         if "Amazon Elastic Block Store" in device.model:
             return ebs_volume_id(device.serial)
-        all_links = set(links) | {
-            link.removeprefix("/dev/") for link in udev.get("DEVLINKS", "").split() if link
-        }
+        all_links = set(links) | {link.removeprefix("/dev/") for link in udev.get("DEVLINKS", "").split() if link}
         for link in sorted(all_links):
             match = re.fullmatch(r"disk/by-id/google-(.+)", link)
             if match and not re.search(r"-part\d+$", match.group(1)):

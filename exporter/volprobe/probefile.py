@@ -77,9 +77,7 @@ def ensure(directory: str, name: str, size: int) -> ProbeFile:
         return ProbeFile(path, size)
     vfs = os.statvfs(directory)
     if vfs.f_bavail * vfs.f_frsize < size:
-        raise ProbeFileError(
-            f"{directory} has {vfs.f_bavail * vfs.f_frsize} bytes free; the probe file needs {size}"
-        )
+        raise ProbeFileError(f"{directory} has {vfs.f_bavail * vfs.f_frsize} bytes free; the probe file needs {size}")
     for leftover in leftover_temporaries(directory, name):
         with contextlib.suppress(OSError):
             leftover.unlink()

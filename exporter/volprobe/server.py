@@ -134,9 +134,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, body, content_type, extra)
         elif path in ("/-/healthy", "/-/ready"):
             ready = path == "/-/healthy" or self.server.ready.is_set()
-            self._send(
-                200 if ready else 503, b"OK\n" if ready else b"Starting\n", "text/plain; charset=utf-8"
-            )
+            self._send(200 if ready else 503, b"OK\n" if ready else b"Starting\n", "text/plain; charset=utf-8")
         elif path == "/":
             self._send(200, self.server.landing().encode(), "text/html; charset=utf-8")
         else:

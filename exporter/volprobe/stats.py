@@ -150,8 +150,7 @@ class ProbeStats:
     def __post_init__(self) -> None:
         self._bounds_ns = [round(b * 1e9) for b in self.buckets]
         self._series = {
-            touch: TouchSeries([0] * (len(self.buckets) + 1), SlidingHistogram(self.window_s))
-            for touch in TOUCHES
+            touch: TouchSeries([0] * (len(self.buckets) + 1), SlidingHistogram(self.window_s)) for touch in TOUCHES
         }
 
     def record(self, latency_ns: int, touch: str, now_ns: int) -> None:

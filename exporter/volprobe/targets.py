@@ -68,9 +68,7 @@ def default_config_targets(host: Host) -> list[TargetConfig]:
     return targets
 
 
-def _check_block_sizes(
-    probes: tuple[ProbeConfig, ...], device: BlockDevice, region: int, problems: list[str]
-) -> None:
+def _check_block_sizes(probes: tuple[ProbeConfig, ...], device: BlockDevice, region: int, problems: list[str]) -> None:
     for probe in probes:
         key = f"{probe.key}.block_size"
         if probe.block_size % device.logical_block_size:
@@ -107,12 +105,8 @@ def _resolve_device(host: Host, target: TargetConfig, problems: list[str]) -> Re
     if writes:
         refusal = safety.raw_write_refusal(host, device)
         if refusal:
-            problems.append(
-                f"{target.key}.allow_raw_writes: refusing raw writes: {path} ({device.name}) {refusal}"
-            )
-    return ResolvedTarget(
-        target, target.name or device.name, "device", path, device, host.leaf_disks(device.name)
-    )
+            problems.append(f"{target.key}.allow_raw_writes: refusing raw writes: {path} ({device.name}) {refusal}")
+    return ResolvedTarget(target, target.name or device.name, "device", path, device, host.leaf_disks(device.name))
 
 
 def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) -> ResolvedTarget | None:
@@ -219,9 +213,7 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
                 problems.append(f"{target.config.key}.directory: cannot prepare the probe file: {err}")
                 continue
             if os.stat(target.probe_file or "").st_dev != os.stat(target.path).st_dev:
-                problems.append(
-                    f"{target.config.key}.directory: the probe file is not on the directory's device"
-                )
+                problems.append(f"{target.config.key}.directory: the probe file is not on the directory's device")
                 continue
         for probe in target.probes:
             io = io_target(host, target, probe)

@@ -79,9 +79,7 @@ def _mapping(value: Any, key: str, allowed: set[str], problems: list[str]) -> di
         return {}
     for name in value:
         if name not in allowed:
-            problems.append(
-                f"{key}.{name}: unknown or unsupported key (supported: {', '.join(sorted(allowed))})"
-            )
+            problems.append(f"{key}.{name}: unknown or unsupported key (supported: {', '.join(sorted(allowed))})")
     return value
 
 
@@ -107,9 +105,7 @@ def _tls_context(data: dict[str, Any], base: str, problems: list[str]) -> tuple[
         problems.append(f"{key}.client_auth_type: {auth!r} is not one of {', '.join(CLIENT_AUTH_TYPES)}")
         auth = "NoClientCert"
     ca = (
-        _file(base, data.get("client_ca_file"), f"{key}.client_ca_file", problems)
-        if "client_ca_file" in data
-        else None
+        _file(base, data.get("client_ca_file"), f"{key}.client_ca_file", problems) if "client_ca_file" in data else None
     )
     if auth in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert") and "client_ca_file" not in data:
         problems.append(f"{key}.client_ca_file: {auth} needs a client CA to verify against")
@@ -149,9 +145,7 @@ def _tls_context(data: dict[str, Any], base: str, problems: list[str]) -> tuple[
 
 def parse(document: Any, base: str = ".") -> WebConfig:
     problems: list[str] = []
-    top = _mapping(
-        document, "web config", {"tls_server_config", "http_server_config", "basic_auth_users"}, problems
-    )
+    top = _mapping(document, "web config", {"tls_server_config", "http_server_config", "basic_auth_users"}, problems)
     tls_data = _mapping(top.get("tls_server_config"), "tls_server_config", _TLS_KEYS, problems)
     context, auth = _tls_context(tls_data, base, problems) if tls_data else (None, "NoClientCert")
     http = _mapping(top.get("http_server_config"), "http_server_config", {"http2", "headers"}, problems)
@@ -166,9 +160,7 @@ def parse(document: Any, base: str = ".") -> WebConfig:
         raw_users = {}
     for name, hashed in raw_users.items():
         if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-            problems.append(
-                f"basic_auth_users.{name}: is not a bcrypt hash (htpasswd -nBC 10 \"\" | tr -d ':\\n')"
-            )
+            problems.append(f"basic_auth_users.{name}: is not a bcrypt hash (htpasswd -nBC 10 \"\" | tr -d ':\\n')")
             continue
         users[str(name)] = hashed.encode()
     if problems:
@@ -238,9 +230,7 @@ class WebConfigWatcher:
             return False
         hashed = config.users.get(user)
         if hashed is None:
-            bcrypt.checkpw(
-                b"volprobe", b"$2b$10$" + b"." * 53
-            )  # same cost for unknown users: no user probing
+            bcrypt.checkpw(b"volprobe", b"$2b$10$" + b"." * 53)  # same cost for unknown users: no user probing
             return False
         digest = hashlib.sha256(hashed + b"\0" + password.encode()).digest()
         cache_key = (user, digest)

@@ -1,0 +1,199 @@
+"""Bad configs are rejected with the offending key named; good ones give the documented defaults."""
+
+import subprocess
+import textwrap
+
+import pytest
+
+from volprobe import config
+
+from .conftest import volprobe_command
+
+# (name, YAML, the key path the first problem must name, a word the message must contain)
+BAD_CONFIGS = [
+    ("unknown top-level key", "targetz: []", "targetz", "unknown key"),
+    ("targets not a list", "targets: {a: 1}", "targets", "must be a list"),
+    ("target not a mapping", "targets: [/dev/sda]", "targets[0]", "must be a mapping"),
+    ("neither device nor directory", "targets: [{name: x}]", "targets[0]", "needs a device or a directory"),
+    ("both device and directory", "targets: [{device: /dev/a, directory: /tmp}]", "targets[0]", "both"),
+    ("relative device path", "targets: [{device: sda}]", "targets[0].device", "absolute path"),
+    ("unknown target key", "targets: [{device: /dev/a, interval: 1s}]", "targets[0].interval", "unknown key"),
+    ("op missing", "targets: [{device: /dev/a, probes: [{block_size: 4KiB}]}]", "targets[0].probes[0].op", "required"),
+    ("bad op", "targets: [{device: /dev/a, probes: [{op: trim}]}]", "targets[0].probes[0].op", "not one of"),
+    (
+        "bad size",
+        "targets: [{device: /dev/a, probes: [{op: read, block_size: 4kb8}]}]",
+        "targets[0].probes[0].block_size",
+        "not a size",
+    ),
+    (
+        "zero block size",
+        "targets: [{device: /dev/a, probes: [{op: read, block_size: 0}]}]",
+        "targets[0].probes[0].block_size",
+        "larger than zero",
+    ),
+    (
+        "duration without unit",
+        "targets: [{device: /dev/a, probes: [{op: read, interval: 5}]}]",
+        "targets[0].probes[0].interval",
+        "with a unit",
+    ),
+    (
+        "zero interval",
+        "targets: [{device: /dev/a, probes: [{op: read, interval: 0s}]}]",
+        "targets[0].probes[0].interval",
+        "longer than zero",
+    ),
+    (
+        "revisit above 1",
+        "targets: [{device: /dev/a, probes: [{op: read, revisit: 1.5}]}]",
+        "targets[0].probes[0].revisit",
+        "outside 0..1",
+    ),
+    (
+        "sync on a read",
+        "targets: [{device: /dev/a, probes: [{op: read, sync: true}]}]",
+        "targets[0].probes[0].sync",
+        "only applies to write",
+    ),
+    (
+        "raw write without opt-in",
+        "targets: [{device: /dev/a, probes: [{op: write}]}]",
+        "targets[0].probes[0].op",
+        "allow_raw_writes",
+    ),
+    (
+        "two read probes",
+        "targets: [{device: /dev/a, probes: [{op: read}, {op: read, block_size: 8KiB}]}]",
+        "targets[0].probes[1].op",
+        "collide",
+    ),
+    ("empty probe list", "targets: [{device: /dev/a, probes: []}]", "targets[0].probes", "non-empty"),
+    (
+        "duplicate names",
+        "targets: [{name: a, device: /dev/a}, {name: a, device: /dev/b}]",
+        "targets[1].name",
+        "already",
+    ),
+    ("bad name", "targets: [{name: 'my disk', device: /dev/a}]", "targets[0].name", "not a valid name"),
+    (
+        "probe file too small",
+        "targets: [{directory: /tmp, probe_file_size: 8KiB}]",
+        "targets[0].probes[0].block_size",
+        "no room",
+    ),
+    (
+        "probe_file_size on a device",
+        "targets: [{device: /dev/a, probe_file_size: 1MiB}]",
+        "targets[0].probe_file_size",
+        "directory targets",
+    ),
+    (
+        "window shorter than two probes",
+        "defaults: {window: 1s}\ntargets: [{device: /dev/a}]",
+        "defaults.window",
+        "fewer than two",
+    ),
+    (
+        "too many buckets",
+        "defaults: {buckets: [" + ", ".join(f"{i + 1}ms" for i in range(60)) + "]}",
+        "defaults.buckets",
+        "at most 50",
+    ),
+    ("bad warm-up mode", "targets: [{device: /dev/a, warmup: {mode: trim}}]", "targets[0].warmup.mode", "not one of"),
+    (
+        "write warm-up without opt-in",
+        "targets: [{device: /dev/a, warmup: {mode: write}}]",
+        "targets[0].warmup.mode",
+        "allow_raw_writes",
+    ),
+    ("negative limit", "targets: [{device: /dev/a, limits: {iops: -5}}]", "targets[0].limits.iops", "positive"),
+    ("throttle window too short", "throttle: {window: 5s}", "throttle.window", "at least 10"),
+    ("bad discovery regex", "discovery: {include: ['nvme[']}", "discovery.include", "regular expression"),
+    ("bad diskstats scope", "diskstats: some", "diskstats", "not one of"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "key", "word"), BAD_CONFIGS, ids=[c[0] for c in BAD_CONFIGS])
+def test_bad_config_names_the_key(name, text, key, word, tmp_path):
+    path = tmp_path / "volprobe.yml"
+    path.write_text(text)
+    with pytest.raises(config.ConfigError) as caught:
+        config.load(path)
+    first = caught.value.problems[0]
+    assert first.startswith(f"{key}:"), caught.value.problems
+    assert word in first, first
+
+
+def test_at_least_fifteen_bad_configs():
+    assert len(BAD_CONFIGS) >= 15
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    path = tmp_path / "broken.yml"
+    path.write_text("targets:\n  - device: /dev/a\n   name: [\n")
+    with pytest.raises(config.ConfigError) as caught:
+        config.load(path)
+    assert "line 3" in caught.value.problems[0]
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    path = tmp_path / "volprobe.yml"
+    path.write_text("targets: [{device: sda, probes: [{op: trim}]}, {name: 'a b', device: /dev/b}]")
+    with pytest.raises(config.ConfigError) as caught:
+        config.load(path)
+    assert len(caught.value.problems) == 3
+
+
+def test_the_documented_example_parses_with_defaults(tmp_path):
+    path = tmp_path / "volprobe.yml"
+    path.write_text(
+        textwrap.dedent("""
+        defaults: {interval: 1s, window: 5m}
+        targets:
+          - name: pgdata
+            directory: /var/lib/postgresql
+            probe_file_size: 64MiB
+            probes:
+              - {op: write, block_size: 8KiB, interval: 1s, sync: true}
+              - {op: read, block_size: 4KiB, interval: 1s}
+          - name: data
+            device: /dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0123456789abcdef0
+            probes:
+              - {op: read, block_size: 4KiB, interval: 500ms}
+    """)
+    )
+    parsed = config.load(path)
+    assert parsed.window == 300
+    pgdata, data = parsed.targets
+    assert pgdata.probe_file_size == 64 << 20
+    assert [(p.op, p.block_size, p.sync) for p in pgdata.probes] == [("write", 8192, True), ("read", 4096, False)]
+    assert data.probes[0].interval == 0.5
+    assert data.probes[0].revisit == config.DEFAULT_REVISIT
+
+
+def test_write_probes_default_to_o_dsync():
+    parsed = config.parse({"targets": [{"directory": "/tmp", "probes": [{"op": "write"}]}]})
+    assert parsed.targets[0].probes[0].sync is True
+    assert parsed.targets[0].probes[0].block_size == 8192
+
+
+def test_check_config_exits_2_and_names_the_key(tmp_path):
+    path = tmp_path / "volprobe.yml"
+    path.write_text("targets: [{device: /dev/a, probes: [{op: read, block_size: 4kb8}]}]")
+    result = subprocess.run(volprobe_command("check-config", str(path)), capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "targets[0].probes[0].block_size" in result.stderr
+
+
+def test_exporter_exits_2_on_bad_config_before_listening(tmp_path):
+    path = tmp_path / "volprobe.yml"
+    path.write_text("targets: [{device: /dev/a, probes: [{op: write}]}]")
+    result = subprocess.run(
+        volprobe_command("--config", str(path), "--web.listen-address", "127.0.0.1:0"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "targets[0].probes[0].op" in result.stderr

@@ -1,0 +1,207 @@
+"""Device identity, stacking and mounts on fixture sysfs and /dev trees laid out as real kernels lay them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from volprobe import discovery
+
+
+class FakeMachine:
+    """Builds sysfs, /dev and /proc trees with the same shape (directories, symlinks, files) as the kernel's."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.sys = root / "sys"
+        self.dev = root / "dev"
+        self.proc = root / "proc"
+        for path in (self.sys / "class" / "block", self.sys / "dev" / "block", self.dev, self.proc / "self"):
+            path.mkdir(parents=True, exist_ok=True)
+        (self.proc / "self" / "mountinfo").write_text("")
+        (self.proc / "swaps").write_text("Filename\tType\tSize\tUsed\tPriority\n")
+
+    def _link(self, link: Path, target: Path) -> None:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(target, link.parent))
+
+    def block(
+        self,
+        devpath: str,
+        name: str,
+        devnum: str,
+        sectors: int,
+        files: dict[str, str] | None = None,
+        partition: int | None = None,
+        lbs: int = 512,
+    ) -> Path:
+        """A block device directory at /sys/devices/<devpath>/<name> (a partition: inside its disk's)."""
+        base = self.sys / "devices" / devpath / name
+        base.mkdir(parents=True)
+        (base / "dev").write_text(devnum + "\n")
+        (base / "size").write_text(f"{sectors}\n")
+        (base / "ro").write_text("0\n")
+        for sub in ("holders", "slaves"):
+            (base / sub).mkdir()
+        if partition is None:
+            (base / "queue").mkdir()
+            (base / "queue" / "logical_block_size").write_text(f"{lbs}\n")
+            (base / "queue" / "physical_block_size").write_text(f"{lbs}\n")
+            (base / "queue" / "rotational").write_text("0\n")
+        else:
+            (base / "partition").write_text(f"{partition}\n")
+        for rel, content in (files or {}).items():
+            (base / rel).parent.mkdir(parents=True, exist_ok=True)
+            (base / rel).write_text(content)
+        self._link(self.sys / "class" / "block" / name, base)
+        self._link(self.sys / "dev" / "block" / devnum, base)
+        (self.dev / name).touch()
+        return base
+
+    def hold(self, holder: Path, slave: Path) -> None:
+        self._link(holder / "slaves" / slave.name, slave)
+        self._link(slave / "holders" / holder.name, holder)
+
+    def dev_link(self, rel: str, name: str) -> None:
+        self._link(self.dev / rel, self.dev / name)
+
+    def host(self) -> discovery.Host:
+        return discovery.Host(str(self.sys), str(self.proc), str(self.dev))
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> FakeMachine:
+    return FakeMachine(tmp_path)
+
+
+def nvme_controller(m: FakeMachine, ctrl: str, serial: str, model: str) -> str:
+    path = f"pci0000:00/0000:00:1f.0/nvme/{ctrl}"
+    controller = m.sys / "devices" / path
+    controller.mkdir(parents=True)
+    (controller / "serial").write_text(serial.ljust(20) + "\n")
+    (controller / "model").write_text(model.ljust(40) + "\n")
+    return path
+
+
+def test_aws_ebs_nvme_volume_id_from_serial(machine):
+    path = nvme_controller(machine, "nvme1", "vol0123456789abcdef0", "Amazon Elastic Block Store")
+    disk = machine.block(path, "nvme1n1", "259:0", 2 * 1024**3 // 512, {"wwid": "nvme.1d0f-766f6c30313233"})
+    (disk / "device").symlink_to("..")
+    machine.block(f"{path}/nvme1n1", "nvme1n1p1", "259:1", 1000, partition=1)
+    devices = machine.host().devices()
+    ebs = devices["nvme1n1"]
+    assert ebs.kind == "disk"
+    assert ebs.serial == "vol0123456789abcdef0"
+    assert ebs.model == "Amazon Elastic Block Store"
+    assert ebs.volume_id == "vol-0123456789abcdef0"
+    assert ebs.wwn == "nvme.1d0f-766f6c30313233"
+    assert ebs.partitions == ("nvme1n1p1",)
+    part = devices["nvme1n1p1"]
+    assert part.kind == "part" and part.parent == "nvme1n1"
+    assert part.volume_id == "vol-0123456789abcdef0"  # a partition carries its disk's identity
+
+
+def test_gcp_persistent_disk_from_by_id_link(machine):
+    scsi = "pci0000:00/0000:00:03.0/virtio0/host0/target0:0:2/0:0:2:0"
+    base = machine.block(f"{scsi}/block", "sdb", "8:16", 20971520)
+    device = machine.sys / "devices" / scsi
+    (device / "vendor").write_text("Google  \n")
+    (device / "model").write_text("PersistentDisk  \n")
+    (device / "vpd_pg80").write_bytes(b"\x00\x80\x00\x0cpgdata-disk ")
+    (base / "device").symlink_to("../../../0:0:2:0")
+    machine.dev_link("disk/by-id/google-pgdata", "sdb")
+    machine.dev_link("disk/by-id/google-pgdata-part1", "sdb1")
+    sdb = machine.host().devices()["sdb"]
+    assert sdb.vendor == "Google" and sdb.model == "PersistentDisk"
+    assert sdb.serial == "pgdata-disk"
+    assert sdb.volume_id == "pgdata"
+
+
+def test_gcp_without_udev_links_falls_back_to_the_serial(machine):
+    scsi = "pci0000:00/0000:00:03.0/virtio0/host0/target0:0:2/0:0:2:0"
+    base = machine.block(f"{scsi}/block", "sdb", "8:16", 20971520)
+    device = machine.sys / "devices" / scsi
+    (device / "vendor").write_text("Google  \n")
+    (device / "model").write_text("PersistentDisk  \n")
+    (device / "vpd_pg80").write_bytes(b"\x00\x80\x00\x06pgdata")
+    (base / "device").symlink_to("../../../0:0:2:0")
+    assert machine.host().devices()["sdb"].volume_id == "pgdata"
+
+
+@pytest.mark.parametrize(
+    ("link", "expected"),
+    [
+        ("disk/azure/scsi1/lun0", "lun0"),
+        ("disk/azure/data/by-lun/3", "lun3"),
+        ("disk/azure/data/by-name/db-log", "db-log"),
+    ],
+)
+def test_azure_data_disk_from_azure_links(machine, link, expected):
+    scsi = "LNXSYSTM:00/LNXSYBUS:00/ACPI0004:00/VMBUS:00/f8b3781b/host3/target3:0:1/3:0:1:0"
+    base = machine.block(f"{scsi}/block", "sdc", "8:32", 2 * 1024**3 // 512)
+    device = machine.sys / "devices" / scsi
+    (device / "vendor").write_text("Msft    \n")
+    (device / "model").write_text("Virtual Disk    \n")
+    (base / "device").symlink_to("../../../3:0:1:0")
+    machine.dev_link(link, "sdc")
+    sdc = machine.host().devices()["sdc"]
+    assert sdc.vendor == "Msft"
+    assert sdc.volume_id == expected
+
+
+def test_dm_over_partition_stacks_down_to_the_disk(machine):
+    path = nvme_controller(machine, "nvme0", "vol0aaaabbbbccccdddd0", "Amazon Elastic Block Store")
+    disk = machine.block(path, "nvme0n1", "259:0", 4194304)
+    part = machine.block(f"{path}/nvme0n1", "nvme0n1p2", "259:2", 4000000, partition=2)
+    dm = machine.block("virtual/block", "dm-0", "253:0", 4000000, {"dm/name": "vg-data\n"})
+    machine.hold(dm, part)
+    host = machine.host()
+    devices = host.devices()
+    assert devices["dm-0"].kind == "dm" and devices["dm-0"].dm_name == "vg-data"
+    assert devices["dm-0"].slaves == ("nvme0n1p2",)
+    assert devices["nvme0n1p2"].holders == ("dm-0",)
+    assert host.leaf_disks("dm-0") == ["nvme0n1"]
+    assert host.leaf_disks("nvme0n1p2") == ["nvme0n1"]
+    assert disk.name == "nvme0n1"
+
+
+def test_md_raid_over_two_disks(machine):
+    a = machine.block("pci0000:00/0000:00:04.0/virtio2/block", "vdb", "254:16", 2097152)
+    b = machine.block("pci0000:00/0000:00:05.0/virtio3/block", "vdc", "254:32", 2097152)
+    md = machine.block("virtual/block", "md0", "9:0", 2097152)
+    machine.hold(md, a)
+    machine.hold(md, b)
+    assert machine.host().leaf_disks("md0") == ["vdb", "vdc"]
+
+
+def test_mounts_and_4k_logical_blocks(machine):
+    machine.block("pci0000:00/0000:00:04.0/virtio2/block", "vdb", "254:16", 2097152, lbs=4096)
+    (machine.proc / "self" / "mountinfo").write_text(
+        "22 1 254:16 / /var/lib/pg\\040data rw,relatime shared:1 - ext4 /dev/vdb rw\n"
+        "23 1 0:21 / /proc rw - proc proc rw\n"
+    )
+    host = machine.host()
+    vdb = host.devices()["vdb"]
+    assert vdb.logical_block_size == 4096
+    mounts = host.mounts_of(vdb)
+    assert [m.mount_point for m in mounts] == ["/var/lib/pg data"]
+    assert mounts[0].fstype == "ext4"
+
+
+def test_ebs_volume_id_parsing():
+    assert discovery.ebs_volume_id("vol0123456789abcdef0") == "vol-0123456789abcdef0"
+    assert discovery.ebs_volume_id("vol-0123456789abcdef0") == "vol-0123456789abcdef0"
+    assert discovery.ebs_volume_id("AWS12345") == ""
+
+
+def test_real_sysfs_of_this_machine():
+    host = discovery.Host()
+    devices = host.devices()
+    assert devices, "this machine has block devices"
+    for device in devices.values():
+        assert device.major > 0 and device.logical_block_size in (512, 1024, 2048, 4096)
+    root = host.device_for_path("/")
+    assert root in devices
+    assert host.mount_for_path("/").mount_point == "/"

@@ -1,0 +1,209 @@
+"""The exporter end to end on real block devices: loop devices, ext4, O_DIRECT probes, /metrics, promtool."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from volprobe import probefile
+from volprobe.config import PROBE_FILE_NAME
+
+from .conftest import MIB, requires_root, run, sample_value, sha256_of, volprobe_command
+
+pytestmark = requires_root
+
+
+def write_config(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "volprobe.yml"
+    path.write_text(text)
+    return str(path)
+
+
+def tree_snapshot(root: str, skip: str) -> dict[str, str]:
+    """Every file and directory under root (but `skip`) with its content hash, mode and mtime."""
+    result = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            if name == skip:
+                continue
+            st = os.lstat(path)
+            digest = sha256_of(path) if os.path.isfile(path) else ""
+            result[os.path.relpath(path, root)] = f"{st.st_mode:o} {st.st_size} {st.st_mtime_ns} {digest}"
+    return result
+
+
+def latency_count(samples, target: str, op: str) -> float:
+    return sum(
+        value
+        for labels, value in samples.get("volprobe_probe_latency_seconds_count", [])
+        if labels["target"] == target and labels["op"] == op
+    )
+
+
+def test_read_and_write_probes_on_a_device_and_a_directory(tmp_path, make_loop, mount_fs, start_exporter):
+    raw = make_loop(64 * MIB, name="raw")
+    data = mount_fs(make_loop(128 * MIB, name="fs"))
+    Path(data, "precious.db").write_bytes(os.urandom(MIB))
+    before = tree_snapshot(data, PROBE_FILE_NAME)
+    config = write_config(
+        tmp_path,
+        f"""
+defaults: {{window: 1m}}
+targets:
+  - name: raw
+    device: {raw}
+    allow_raw_writes: true
+    probes:
+      - {{op: read, block_size: 4KiB, interval: 50ms}}
+      - {{op: write, block_size: 8KiB, interval: 50ms}}
+  - name: pgdata
+    directory: {data}
+    probe_file_size: 16MiB
+    probes:
+      - {{op: write, block_size: 8KiB, interval: 50ms}}
+      - {{op: read, block_size: 4KiB, interval: 50ms}}
+""",
+    )
+    exporter = start_exporter("--config", config)
+    samples = exporter.wait_for(
+        lambda s: all(latency_count(s, t, op) >= 20 for t in ("raw", "pgdata") for op in ("read", "write")),
+        what="20 samples of each probe",
+    )
+    # The contract: labels, touch split, quantiles, identity.
+    first = sample_value(samples, "volprobe_probe_latency_seconds_count", target="pgdata", op="write", touch="first")
+    repeat = sample_value(samples, "volprobe_probe_latency_seconds_count", target="pgdata", op="write", touch="repeat")
+    assert first and repeat, "default revisit sends some probes to offsets probed before"
+    p50 = sample_value(
+        samples, "volprobe_probe_latency_recent_seconds", target="raw", op="read", touch="first", quantile="0.5"
+    )
+    assert 0 < p50 < 1
+    info = next(labels for labels, _ in samples["volprobe_target_info"] if labels["target"] == "pgdata")
+    assert info["mountpoint"] == data and info["fstype"] == "ext4" and info["kind"] == "loop"
+    assert info["path"] == data
+    raw_dev = os.path.basename(raw)
+    assert sample_value(samples, "volprobe_disk_writes_completed_total", device=raw_dev) >= 20
+    assert sample_value(samples, "volprobe_probe_errors_total", target="raw") is None
+    # promtool lints the exposition.
+    text = exporter.get()
+    lint = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert exporter.stop() == 0
+    # The probe file is the only thing written in the filesystem, and it kept its size and header.
+    assert tree_snapshot(data, PROBE_FILE_NAME) == before
+    probe_path = os.path.join(data, PROBE_FILE_NAME)
+    assert os.path.getsize(probe_path) == 16 * MIB
+    assert probefile.read_header(probe_path)["size"] == 16 * MIB
+    # Raw write probes never touch the first and last MiB, where signatures live.
+    with open(raw, "rb") as f:
+        assert f.read(MIB) == bytes(MIB)
+        f.seek(63 * MIB)
+        assert f.read(MIB) == bytes(MIB)
+
+
+def test_raw_writes_refused_on_ext4_and_its_bytes_unchanged(tmp_path, make_loop):
+    loop = make_loop(64 * MIB)
+    run("mkfs.ext4", "-q", "-F", loop)
+    before = sha256_of(loop)
+    config = write_config(
+        tmp_path,
+        f"""
+targets:
+  - name: victim
+    device: {loop}
+    allow_raw_writes: true
+    probes: [{{op: write, block_size: 8KiB, interval: 10ms}}]
+""",
+    )
+    result = subprocess.run(
+        volprobe_command("--config", config, "--web.listen-address", "127.0.0.1:0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "targets[0].allow_raw_writes: refusing raw writes" in result.stderr
+    assert "ext4" in result.stderr
+    assert sha256_of(loop) == before
+
+
+def test_foreign_file_named_like_the_probe_file_is_never_touched(tmp_path, make_loop, mount_fs):
+    data = mount_fs(make_loop(64 * MIB))
+    foreign = Path(data, PROBE_FILE_NAME)
+    foreign.write_bytes(b"somebody else's data" * 1000)
+    digest = hashlib.sha256(foreign.read_bytes()).hexdigest()
+    config = write_config(tmp_path, f"targets: [{{directory: {data}, probe_file_size: 4MiB}}]")
+    result = subprocess.run(volprobe_command("check-config", config), capture_output=True, text=True)
+    assert result.returncode == 2 and "not a volprobe probe file" in result.stderr
+    result = subprocess.run(
+        volprobe_command("--config", config, "--web.listen-address", "127.0.0.1:0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert hashlib.sha256(foreign.read_bytes()).hexdigest() == digest
+
+
+def test_block_size_must_fit_the_logical_block_size(tmp_path):
+    backing = tmp_path / "4k.img"
+    backing.write_bytes(b"")
+    os.truncate(backing, 16 * MIB)
+    loop = run("losetup", "--find", "--show", "--sector-size", "4096", str(backing)).stdout.strip()
+    try:
+        config = write_config(tmp_path, f"targets: [{{device: {loop}, probes: [{{op: read, block_size: 512}}]}}]")
+        result = subprocess.run(volprobe_command("check-config", config), capture_output=True, text=True)
+        assert result.returncode == 2
+        assert "targets[0].probes[0].block_size: 512 is not a multiple of the device's logical block size 4096" in (
+            result.stderr
+        )
+    finally:
+        run("losetup", "--detach", loop)
+
+
+def test_sigterm_stops_promptly_with_exit_0(make_loop, start_exporter):
+    loop = make_loop(16 * MIB)
+    exporter = start_exporter("--target", loop)
+    exporter.wait_for(lambda s: latency_count(s, os.path.basename(loop), "read") >= 1, what="a first probe")
+    started = time.monotonic()
+    assert exporter.stop(timeout=10) == 0
+    assert time.monotonic() - started < 6
+
+
+def test_ping_a_device_and_a_directory(make_loop, mount_fs):
+    loop = make_loop(16 * MIB)
+    result = subprocess.run(volprobe_command("ping", loop, "-c", "5", "-i", "10ms"), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert sum(" <<< " in line and "request=" in line for line in lines) == 5
+    assert any(line.startswith("min/avg/max/mdev = ") for line in lines)
+    assert any(line.startswith("p50/p99 = ") for line in lines)
+    data = mount_fs(make_loop(64 * MIB, name="fs"))
+    result = subprocess.run(
+        volprobe_command("ping", data, "--write", "-c", "3", "-i", "10ms", "--probe-file-size", "4MiB"),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert sum(" >>> " in line for line in result.stdout.splitlines()) == 3
+    assert os.path.getsize(os.path.join(data, PROBE_FILE_NAME)) == 4 * MIB
+    refused = subprocess.run(volprobe_command("ping", loop, "--write", "-c", "1"), capture_output=True, text=True)
+    assert refused.returncode == 2 and "--allow-raw-writes" in refused.stderr
+
+
+@pytest.mark.parametrize("fstype", ["tmpfs"])
+def test_directory_without_a_block_device_is_refused(tmp_path, fstype):
+    point = tmp_path / "ram"
+    point.mkdir()
+    run("mount", "-t", fstype, "none", str(point))
+    try:
+        config = write_config(tmp_path, f"targets: [{{directory: {point}}}]")
+        result = subprocess.run(volprobe_command("check-config", config), capture_output=True, text=True)
+        assert result.returncode == 2 and "targets[0].directory" in result.stderr and "tmpfs" in result.stderr
+    finally:
+        run("umount", str(point))

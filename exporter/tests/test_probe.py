@@ -1,0 +1,127 @@
+"""The probe engine's pure parts: offsets, pacing, write data; then single probes on real devices."""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import random
+import zlib
+
+import pytest
+
+from volprobe import probe
+
+from .conftest import MIB, requires_root
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1000, 4097])
+def test_permutation_is_a_bijection(n):
+    perm = probe.BlockPermutation(n, key=42)
+    assert sorted(perm(i) for i in range(n)) == list(range(n))
+
+
+def test_permutation_depends_on_the_key_and_looks_random():
+    n = 1 << 20
+    a = [probe.BlockPermutation(n, 1)(i) for i in range(1000)]
+    b = [probe.BlockPermutation(n, 2)(i) for i in range(1000)]
+    assert a != b
+    steps = {(y - x) % n for x, y in itertools.pairwise(a)}
+    assert len(steps) > 990  # no fixed stride the storage could prefetch
+
+
+def test_offset_picker_first_touches_never_repeat_and_repeats_were_seen():
+    picker = probe.OffsetPicker(500, revisit=0.3, rng=random.Random(7))
+    seen: set[int] = set()
+    touches = {"first": 0, "repeat": 0}
+    for _ in range(400):
+        block, touch = picker.next()
+        touches[touch] += 1
+        if touch == "first":
+            assert block not in seen
+            seen.add(block)
+        else:
+            assert block in seen
+    assert 0.2 < touches["repeat"] / 400 < 0.4
+
+
+def test_offset_picker_all_repeat_once_every_block_was_probed():
+    picker = probe.OffsetPicker(10, revisit=0.0, rng=random.Random(1))
+    assert {picker.next() for _ in range(10)} == {(b, "first") for b in range(10)}
+    assert all(picker.next()[1] == "repeat" for _ in range(20))
+
+
+def test_pacer_skips_overrun_slots_without_replaying_them():
+    second = 1_000_000_000
+    pacer = probe.Pacer(1.0, 0.0, random.Random(0), now_ns=0)
+    assert pacer.deadline() == 0
+    assert pacer.advance(now_ns=second // 10) == 0  # a fast probe: next slot is slot 1
+    assert pacer.deadline() == second
+    # The probe of slot 1 takes 3.5 s: slots 2, 3 and 4 started meanwhile and are skipped.
+    assert pacer.advance(now_ns=4 * second + second // 2) == 3
+    assert pacer.deadline() == 5 * second
+
+
+def test_pacer_jitter_stays_inside_the_slot():
+    pacer = probe.Pacer(1.0, 0.5, random.Random(3), now_ns=0)
+    deadlines = [pacer.deadline() for _ in range(100)]
+    assert all(0 <= d < 500_000_000 for d in deadlines)
+    assert len(set(deadlines)) > 90
+
+
+def test_write_data_is_non_zero_incompressible_and_never_repeats():
+    buffer = mmap.mmap(-1, 8192)
+    data = probe.WriteData(buffer)
+    seen_blocks, seen_sectors = set(), set()
+    for _ in range(200):
+        data.stamp()
+        block = bytes(buffer)
+        assert block not in seen_blocks
+        seen_blocks.add(block)
+        for i in range(0, len(block), 512):
+            seen_sectors.add(block[i : i + 512])
+    assert len(seen_sectors) == 200 * 16  # every sector of every write differs: no dedupe at any grain
+    assert len(zlib.compress(bytes(buffer))) > 8000
+    assert bytes(buffer).count(0) < 100
+
+
+@requires_root
+def test_one_read_and_one_write_on_a_loop_device(make_loop):
+    loop = make_loop(16 * MIB)
+    fd = os.open(loop, os.O_RDWR | os.O_DIRECT)
+    try:
+        io = probe.IOTarget(loop, os.O_RDWR | os.O_DIRECT, MIB, 15 * MIB)
+        writer = probe.ProbeIO("write", io, 8192, 0.0, random.Random(1), fd)
+        outcome = writer.once()
+        assert not outcome.error and outcome.latency_ns > 0
+        assert MIB <= outcome.offset < 15 * MIB and outcome.offset % 8192 == 0
+        written = bytes(writer.buffer)
+        reader = probe.ProbeIO("read", io, 8192, 1.0, random.Random(1), os.dup(fd))
+        back = reader.once()  # same seed, same first offset
+        assert back.offset == outcome.offset and bytes(reader.buffer) == written and not back.zero
+        reader.close()
+    finally:
+        os.close(fd)
+
+
+@requires_root
+def test_reads_of_never_written_blocks_are_flagged_as_zero(make_loop):
+    loop = make_loop(16 * MIB)
+    io = probe.IOTarget(loop, os.O_RDONLY | os.O_DIRECT, 0, 16 * MIB)
+    reader = probe.ProbeIO("read", io, 4096, 0.0, random.Random(2))
+    reader.open()
+    assert reader.once().zero
+    reader.close()
+
+
+@requires_root
+def test_errors_are_reported_by_errno_and_a_vanished_device_is_closed(make_loop):
+    loop = make_loop(16 * MIB)
+    io = probe.IOTarget(loop, os.O_RDONLY | os.O_DIRECT, 0, 16 * MIB)
+    reader = probe.ProbeIO("read", io, 4096, 0.0, random.Random(2))
+    reader.fd = os.open("/dev/null", os.O_RDONLY)  # reads return 0 bytes: a short transfer
+    outcome = reader.once()
+    assert outcome.error == "SHORT"
+    reader.fd = 987654  # not a descriptor: EBADF closes it for a reopen
+    outcome = reader.once()
+    assert outcome.error == "EBADF" and reader.fd is None

@@ -1,0 +1,101 @@
+"""The log-linear histogram's stated error bound, checked against exact quantiles of raw samples."""
+
+import math
+import random
+
+import pytest
+
+from volprobe import stats
+
+
+def exact_quantile(values, q):
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+def test_buckets_cover_every_value_and_are_ordered():
+    previous = -1
+    for ns in list(range(0, 5000)) + [2**k + d for k in range(12, 40) for d in (-1, 0, 1)]:
+        index = stats.bucket_index(ns)
+        assert index >= 0
+        if ns > previous:
+            assert index >= stats.bucket_index(max(previous, 0))
+        previous = ns
+
+
+@pytest.mark.parametrize("ns", [0, 1, 63, 64, 127])
+def test_small_values_are_exact(ns):
+    assert stats.bucket_midpoint(stats.bucket_index(ns)) == ns
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_quantiles_within_stated_relative_error_of_exact(seed):
+    rng = random.Random(seed)
+    # Latencies from 10 us to 20 s: a log-normal body plus a heavy tail, as real volumes show.
+    samples = [int(rng.lognormvariate(math.log(2e6), 0.6)) for _ in range(20000)]
+    samples += [int(rng.uniform(1e4, 2e10)) for _ in range(200)]
+    counts: dict[int, int] = {}
+    for ns in samples:
+        index = stats.bucket_index(ns)
+        counts[index] = counts.get(index, 0) + 1
+    qs = [0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999, 1.0]
+    for q, estimate in zip(qs, stats.quantiles_from_counts(counts, qs), strict=True):
+        exact = exact_quantile(samples, q)
+        assert abs(estimate - exact) <= stats.RELATIVE_ERROR * exact, (q, estimate, exact)
+
+
+def test_the_bound_is_tight_not_loose():
+    # Every value of a bucket is within the bound of its midpoint, and the bucket edges come close to it.
+    worst = 0.0
+    for ns in range(128, 1 << 16):
+        mid = stats.bucket_midpoint(stats.bucket_index(ns))
+        worst = max(worst, abs(mid - ns) / ns)
+    assert worst <= stats.RELATIVE_ERROR
+    assert worst > 0.9 * stats.RELATIVE_ERROR
+
+
+def test_empty_histogram_gives_nan():
+    assert all(math.isnan(v) for v in stats.quantiles_from_counts({}, [0.5, 0.99]))
+
+
+def test_sliding_window_forgets_old_samples():
+    window = stats.SlidingHistogram(window_s=10, slices=10)
+    second = 1_000_000_000
+    for t in range(5):
+        window.add(1_000_000, t * second)  # 1 ms samples in the first five seconds
+    window.add(9_000_000, 12 * second)  # a 9 ms sample later
+    counts = window.counts(12 * second)
+    assert sum(counts.values()) == 3  # t=3,4 are still inside the last 10 s (slices 3..12), t<=2 left
+    counts = window.counts(30 * second)
+    assert counts == {}
+
+
+def test_probe_stats_prometheus_buckets_and_summary():
+    probe = stats.ProbeStats(window_s=60)
+    now = 10**12
+    for ms in (1, 2, 3, 4, 100):
+        probe.record(ms * 1_000_000, "first", now)
+    probe.record(5_000_000, "repeat", now)
+    first = probe.snapshot("first", now)
+    assert first.count == 5 and first.buckets[-1] == (math.inf, 5)
+    assert dict(first.buckets)[0.002] == 2  # le is inclusive: 1 ms and 2 ms
+    assert dict(first.buckets)[0.07] == 4
+    assert first.sum_seconds == pytest.approx(0.110)
+    assert first.quantiles[0] == pytest.approx(0.003, rel=stats.RELATIVE_ERROR)  # p50 of 5 samples: 3rd
+    assert first.quantiles[-1] == pytest.approx(0.100, rel=stats.RELATIVE_ERROR)
+    assert probe.snapshot("repeat", now).count == 1
+
+
+def test_default_buckets_cover_10us_to_20s_in_at_most_50():
+    assert stats.DEFAULT_BUCKETS[0] == 1e-5 and stats.DEFAULT_BUCKETS[-1] == 20.0
+    assert len(stats.DEFAULT_BUCKETS) <= stats.MAX_BUCKETS
+    ratios = [b / a for a, b in zip(stats.DEFAULT_BUCKETS, stats.DEFAULT_BUCKETS[1:], strict=False)]
+    assert max(ratios) <= 1.5 + 1e-9
+
+
+def test_bucket_validation():
+    with pytest.raises(ValueError):
+        stats.validate_buckets([1, 1])
+    with pytest.raises(ValueError):
+        stats.validate_buckets([i + 1 for i in range(51)])
+    assert stats.validate_buckets([0.001, 0.01]) == (0.001, 0.01)

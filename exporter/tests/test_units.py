@@ -1,0 +1,46 @@
+import pytest
+
+from volprobe import units
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("50ms", 0.05), ("1s", 1), ("5m", 300), ("1h30m", 5400), ("250us", 250e-6), ("1.5s", 1.5), ("2d", 172800)],
+)
+def test_durations(text, seconds):
+    assert units.parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("bad", ["", "5", 5, "1x", "ms", "1s2", True, None, "-1s"])
+def test_bad_durations(bad):
+    with pytest.raises(ValueError):
+        units.parse_duration(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("4KiB", 4096),
+        ("64MiB", 64 << 20),
+        ("1G", 1 << 30),
+        ("1GB", 10**9),
+        (512, 512),
+        ("512", 512),
+        ("50MiB/s", 50 << 20),
+    ],
+)
+def test_sizes(text, size):
+    assert units.parse_size(text) == size
+
+
+@pytest.mark.parametrize("bad", ["4 KiBs", "lots", -1, True, "1.5B", 3.5])
+def test_bad_sizes(bad):
+    with pytest.raises(ValueError):
+        units.parse_size(bad)
+
+
+def test_formatting():
+    assert units.format_size(8192) == "8KiB"
+    assert units.format_size(1.5 * 1024**2) == "1.5MiB"
+    assert units.format_duration(0.00234) == "2.34ms"
+    assert units.format_duration(812e-6) == "812us"
