@@ -20,6 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "deploy" / "lab"))
+from lab import clean_stale_test_volumes, lab_volume  # noqa: E402, F401 - fixtures shared with the lab's tests
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 MIB = 1024 * 1024
 

@@ -1,0 +1,270 @@
+"""The lab's own claims, each checked with fio (or the kernel) on the real block device it makes."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import lab
+import pytest
+
+MIB = lab.MIB
+
+
+def qd1(device: str, rw: str, bs: str = "4k", runtime: float = 3) -> dict:
+    return lab.run_fio(device, "--ioengine=sync", "--iodepth=1", f"--rw={rw}", f"--bs={bs}", runtime=runtime)
+
+
+@pytest.mark.parametrize(("read", "write"), [(0.002, 0.005), (0.0005, 0.001)])
+def test_qd1_latency_matches_the_configured_latency(lab_volume, read, write):
+    volume = lab_volume(size=64 * MIB, read_latency=read, write_latency=write)
+    for rw, op, configured in (("randread", "read", read), ("randwrite", "write", write)):
+        p50 = lab.fio_percentile(qd1(volume.device, rw), op, 50)
+        assert abs(p50 - configured) <= max(0.10 * configured, 0.0003), (rw, p50, configured)
+
+
+@pytest.mark.parametrize("cap", [150, 500, 1000])
+def test_iops_cap_holds_under_parallel_load_from_two_processes(lab_volume, cap):
+    volume = lab_volume(size=64 * MIB, read_latency=0.001, write_latency=0.001, iops_limit=cap)
+    jobs: list[dict] = []
+
+    def load(rw: str) -> None:
+        jobs.append(
+            lab.run_fio(
+                volume.device, "--ioengine=libaio", "--iodepth=8", f"--rw={rw}", "--bs=4k", "--ramp_time=1", runtime=4
+            )
+        )
+
+    threads = [threading.Thread(target=load, args=(rw,)) for rw in ("randread", "randwrite")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    total = sum(job["read"]["iops"] + job["write"]["iops"] for job in jobs)
+    assert abs(total - cap) <= 0.03 * cap, (total, cap)  # both processes share one device-wide bucket
+
+
+def test_bandwidth_cap_holds_under_parallel_load(lab_volume):
+    volume = lab_volume(size=64 * MIB, read_latency=0.0005, bandwidth_limit=20 * MIB)
+    job = lab.run_fio(
+        volume.device,
+        "--ioengine=libaio",
+        "--iodepth=8",
+        "--numjobs=2",
+        "--rw=randread",
+        "--bs=64k",
+        "--ramp_time=1",
+        runtime=4,
+    )
+    assert abs(job["read"]["bw_bytes"] - 20 * MIB) <= 0.03 * 20 * MIB
+
+
+def test_set_changes_a_live_device_without_detaching_it(lab_volume):
+    volume = lab_volume(size=64 * MIB, read_latency=0.001)
+    device = volume.device
+    fd = os.open(device, os.O_RDONLY | os.O_DIRECT)  # held open across the change
+    buffer = mmap.mmap(-1, 4096)
+    try:
+        before = lab.fio_percentile(qd1(device, "randread", runtime=2), "read", 50)
+        volume.set(read_latency=0.004)
+        start = time.perf_counter()
+        os.preadv(fd, [buffer], 4096 * 17)
+        assert time.perf_counter() - start >= 0.0035
+        after = lab.fio_percentile(qd1(device, "randread", runtime=2), "read", 50)
+    finally:
+        os.close(fd)
+    assert volume.device == device
+    assert before < 0.0015 and abs(after - 0.004) <= 0.0004
+
+
+def test_stall_blocks_and_release_resumes(lab_volume):
+    volume = lab_volume(size=64 * MIB, read_latency=0.0005)
+    volume.set(stall=True)
+    done = threading.Event()
+
+    def read() -> None:
+        fd = os.open(volume.device, os.O_RDONLY | os.O_DIRECT)
+        os.preadv(fd, [mmap.mmap(-1, 4096)], 8192)
+        os.close(fd)
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert not done.wait(1.5), "a stalled device must not answer"
+    assert volume.stats()["stalled"] >= 1
+    volume.set(stall=False)
+    assert done.wait(5), "released I/O completes"
+
+
+def test_injected_errors_are_eio_and_only_for_the_chosen_op(lab_volume):
+    volume = lab_volume(size=64 * MIB)
+    volume.set(fail_reads=1.0)
+    fd = os.open(volume.device, os.O_RDWR | os.O_DIRECT)
+    buffer = mmap.mmap(-1, 4096)
+    try:
+        with pytest.raises(OSError) as caught:
+            os.preadv(fd, [buffer], 0)
+        assert caught.value.errno == 5  # EIO
+        assert os.pwrite(fd, buffer, 4096) == 4096
+        volume.set(fail_reads=0.0)
+        assert os.preadv(fd, [buffer], 0) == 4096
+    finally:
+        os.close(fd)
+
+
+def test_lazy_volume_reads_zeros_fast_and_first_writes_pay(lab_volume):
+    volume = lab_volume(
+        size=64 * MIB,
+        alloc_unit=64 * 1024,
+        read_latency=0.003,
+        write_latency=0.002,
+        lazy=True,
+        first_write_latency=0.015,
+    )
+    fd = os.open(volume.device, os.O_RDWR | os.O_DIRECT)
+    buffer = mmap.mmap(-1, 4096)
+    buffer.write(os.urandom(4096))
+    try:
+        start = time.perf_counter()
+        os.preadv(fd, [mmap.mmap(-1, 4096)], 10 * MIB)
+        zero_read = time.perf_counter() - start
+        start = time.perf_counter()
+        os.pwrite(fd, buffer, 10 * MIB)
+        first = time.perf_counter() - start
+        start = time.perf_counter()
+        os.pwrite(fd, buffer, 10 * MIB + 4096)  # same allocation unit: already allocated
+        repeat = time.perf_counter() - start
+        check = mmap.mmap(-1, 4096)
+        start = time.perf_counter()
+        os.preadv(fd, [check], 10 * MIB)
+        real_read = time.perf_counter() - start
+    finally:
+        os.close(fd)
+    assert zero_read < 0.0015 < 0.0025 < real_read
+    assert bytes(check) == bytes(buffer)
+    assert first > 0.013 and repeat < 0.005
+
+
+def test_fio_mkfs_and_mount_work(lab_volume, tmp_path):
+    volume = lab_volume(size=128 * MIB, read_latency=0.0002, write_latency=0.0002)
+    subprocess.run(["mkfs.ext4", "-q", "-F", volume.device], check=True)
+    point = tmp_path / "mnt"
+    point.mkdir()
+    subprocess.run(["mount", volume.device, str(point)], check=True)
+    try:
+        payload = os.urandom(MIB)
+        (point / "file").write_bytes(payload)
+        subprocess.run(["sync"], check=True)
+        assert (point / "file").read_bytes() == payload
+    finally:
+        subprocess.run(["umount", str(point)], check=True)
+
+
+def leftovers(volume_dir: Path, device: str) -> list[str]:
+    found = []
+    if volume_dir.exists():
+        found.append(f"state dir {volume_dir}")
+    listing = subprocess.run(
+        ["losetup", "--list", "--noheadings", "--output", "NAME,BACK-FILE"], capture_output=True, text=True
+    ).stdout
+    found += [line for line in listing.splitlines() if str(volume_dir) in line]
+    found += [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(volume_dir) in line]
+    processes = subprocess.run(["pgrep", "-af", str(volume_dir)], capture_output=True, text=True).stdout
+    found += [line for line in processes.splitlines() if "pgrep" not in line]
+    return found
+
+
+def test_down_leaves_nothing_behind_even_with_io_stalled():
+    volume = lab.up("pytest-down", size=32 * MIB, read_latency=0.001)
+    device, volume_dir = volume.device, volume.dir
+    volume.set(stall=True)
+    done = threading.Event()
+
+    def read() -> None:
+        fd = os.open(device, os.O_RDONLY | os.O_DIRECT)
+        try:
+            os.preadv(fd, [mmap.mmap(-1, 4096)], 0)
+        except OSError:
+            pass
+        os.close(fd)
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    time.sleep(0.5)
+    lab.down("pytest-down")
+    assert done.wait(10), "down releases I/O that was stalled"
+    time.sleep(0.5)
+    assert leftovers(volume_dir, device) == []
+
+
+def test_a_stale_volume_of_a_killed_run_is_cleaned_up_by_name():
+    first = lab.up("pytest-stale", size=32 * MIB, calibrate=False)
+    old_pids = (first.state["nbdkit_pid"], first.state["nbdfuse_pid"])
+    # The process that made it "dies" without tearing down; the next run makes one of the same name.
+    second = lab.up("pytest-stale", size=32 * MIB, calibrate=False)
+    device = second.device
+    try:
+        assert not any(lab._alive(pid, name) for pid, name in zip(old_pids, ("nbdkit", "nbdfuse"), strict=True))
+        listing = subprocess.run(
+            ["losetup", "--list", "--noheadings", "--output", "BACK-FILE"], capture_output=True, text=True
+        ).stdout
+        assert listing.count(str(second.backing)) == 1
+    finally:
+        lab.down("pytest-stale")
+    assert leftovers(second.dir, device) == []
+
+
+def test_cli_up_prints_the_device_last_and_status_lists_it():
+    lab_py = str(Path(lab.__file__))
+    try:
+        result = subprocess.run(
+            [lab_py, "up", "pytest-cli", "--size", "32MiB", "--read-latency", "1ms", "--iops-limit", "300"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        device = result.stdout.strip().splitlines()[-1]
+        assert device.startswith("/dev/loop") and Path(device).is_block_device()
+        status = subprocess.run([lab_py, "status"], capture_output=True, text=True, check=True).stdout
+        assert "pytest-cli" in status and device in status and "300 IOPS cap" in status
+        subprocess.run([lab_py, "set", "pytest-cli", "--iops-limit", "0", "--stall"], check=True, capture_output=True)
+        assert "STALLED" in subprocess.run([lab_py, "status"], capture_output=True, text=True).stdout
+    finally:
+        subprocess.run([lab_py, "down", "pytest-cli"], check=True)
+    assert "pytest-cli" not in subprocess.run([lab_py, "status"], capture_output=True, text=True).stdout
+
+
+def test_fresh_lazy_volume_rises_to_a_flat_plateau_at_its_cap(lab_volume, tmp_path):
+    """The seed's curve: random writes on fresh block storage start far below the provider's cap (every
+    first write waits for the allocator) and rise to a flat plateau at it as blocks get allocated."""
+    cap = 500
+    volume = lab_volume(
+        size=64 * MIB,
+        alloc_unit=64 * 1024,
+        read_latency=0.001,
+        write_latency=0.001,
+        lazy=True,
+        first_write_latency=0.02,
+        iops_limit=cap,
+    )
+    log = tmp_path / "iops"
+    lab.run_fio(
+        volume.device,
+        "--ioengine=libaio",
+        "--iodepth=16",
+        "--rw=randwrite",
+        "--bs=4k",
+        f"--write_iops_log={log}",
+        "--log_avg_msec=1000",
+        runtime=30,
+    )
+    per_second = [int(line.split(",")[1]) for line in next(tmp_path.glob("iops_iops*.log")).read_text().splitlines()]
+    assert len(per_second) >= 28
+    head = per_second[: max(1, len(per_second) // 10)]
+    tail = per_second[-len(per_second) // 5 :]
+    assert all(iops < 0.2 * cap for iops in head), per_second
+    assert all(abs(iops - cap) <= 0.05 * cap for iops in tail), per_second
+    assert volume.stats()["allocated_ratio"] > 0.95

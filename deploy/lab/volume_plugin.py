@@ -1,0 +1,235 @@
+"""nbdkit python plugin: an emulated cloud volume (latency, throttling, lazy allocation, errors, stalls).
+
+Loaded by `nbdkit python volume_plugin.py state=DIR size=BYTES alloc_unit=BYTES`. Live settings come from
+DIR/control.json, re-read every 20 ms by a background thread, so `lab.py set` changes the device without
+detaching it; counters go to DIR/stats.json.
+
+The model, per request:
+- stall: while set, every request waits (the device "hangs") until it is cleared;
+- errors: a read or write fails with EIO with the configured probability;
+- throttling: a device-wide token bucket (GCRA) for IOPS and for bandwidth: a request starts no earlier than
+  its reservation, whatever process sent it (how providers throttle);
+- latency: the request completes `latency` (+- uniform jitter) after it starts, less the emulation chain's
+  own measured overhead (`overhead_read`/`overhead_write`, calibrated by lab.py), so qd1 latency seen
+  through loop -> FUSE -> NBD matches the configured one;
+- lazy allocation: the first write to a never-written allocation unit takes `first_write_latency` instead,
+  and such writes are serialised (one allocator), while reads of never-written units return zeros at once.
+"""
+
+import builtins  # this module defines open(), the nbdkit callback; files are opened through builtins
+import errno
+import json
+import mmap
+import os
+import random
+import threading
+import time
+
+import nbdkit
+
+API_VERSION = 2
+
+_params = {"state": "", "size": "268435456", "alloc_unit": "1048576"}
+_settings = {
+    "read_latency": 0.0,
+    "write_latency": 0.0,
+    "jitter": 0.0,
+    "iops_limit": 0.0,
+    "bandwidth_limit": 0.0,
+    "burst": 0.02,
+    "lazy": False,
+    "first_write_latency": 0.0,
+    "zero_read_latency": 0.00005,
+    "fail_reads": 0.0,
+    "fail_writes": 0.0,
+    "stall": False,
+    "overhead_read": 0.0,
+    "overhead_write": 0.0,
+    "generation": 0,
+}
+_counters = {"reads": 0, "writes": 0, "read_bytes": 0, "written_bytes": 0, "errors": 0, "stalled": 0}
+_lock = threading.Lock()
+_allocator = threading.Lock()
+_running = threading.Event()
+_running.set()
+_data = None
+_allocated = None
+_bucket = {"ops_tat": 0.0, "bytes_tat": 0.0}
+
+
+def config(key, value):
+    if key not in _params:
+        raise RuntimeError(f"unknown parameter {key}")
+    _params[key] = value
+
+
+def config_complete():
+    global _data, _allocated
+    size = int(_params["size"])
+    unit = int(_params["alloc_unit"])
+    _data = mmap.mmap(-1, size)  # anonymous: zero pages until written, so RSS follows what was written
+    _allocated = bytearray((size + unit - 1) // unit)
+    _load_settings()
+    threading.Thread(target=_watch, daemon=True).start()
+
+
+def thread_model():
+    return nbdkit.THREAD_MODEL_PARALLEL
+
+
+def open(readonly):
+    return 1
+
+
+def get_size(h):
+    return int(_params["size"])
+
+
+def can_write(h):
+    return True
+
+
+def can_flush(h):
+    return True
+
+
+def can_multi_conn(h):
+    return True
+
+
+def can_fua(h):
+    return nbdkit.FUA_NATIVE
+
+
+def flush(h, flags):
+    pass
+
+
+def _load_settings():
+    path = os.path.join(_params["state"], "control.json")
+    try:
+        with builtins.open(path) as f:
+            loaded = json.load(f)
+    except (OSError, ValueError):
+        return
+    _settings.update(loaded)
+    if _settings["stall"]:
+        _running.clear()
+    else:
+        _running.set()
+    if loaded.get("reset_allocation", 0) != _bucket.get("reset_seen", 0):
+        _bucket["reset_seen"] = loaded.get("reset_allocation", 0)
+        _allocated[:] = bytes(len(_allocated))
+
+
+def _watch():
+    control = os.path.join(_params["state"], "control.json")
+    stats = os.path.join(_params["state"], "stats.json")
+    last = None
+    next_stats = 0.0
+    while True:
+        try:
+            stamp = os.stat(control).st_mtime_ns
+        except OSError:
+            stamp = None
+        if stamp != last:
+            last = stamp
+            _load_settings()
+        now = time.monotonic()
+        if now >= next_stats:
+            next_stats = now + 0.2
+            with _lock:
+                snapshot = dict(_counters)
+            snapshot["generation"] = _settings["generation"]
+            snapshot["allocated_ratio"] = sum(_allocated) / max(1, len(_allocated))
+            tmp = stats + ".tmp"
+            with builtins.open(tmp, "w") as f:
+                json.dump(snapshot, f)
+            os.replace(tmp, stats)
+        time.sleep(0.02)
+
+
+def _reserve(nbytes, now):
+    """Earliest start time allowed by the IOPS and bandwidth buckets; reserves the capacity."""
+    iops, bandwidth, burst = _settings["iops_limit"], _settings["bandwidth_limit"], _settings["burst"]
+    start = now
+    with _lock:
+        if iops > 0:
+            tat = max(_bucket["ops_tat"], now)
+            start = max(start, tat - burst)
+            _bucket["ops_tat"] = tat + 1.0 / iops
+        if bandwidth > 0:
+            tat = max(_bucket["bytes_tat"], now)
+            start = max(start, tat - burst)
+            _bucket["bytes_tat"] = tat + nbytes / bandwidth
+    return start
+
+
+def _sleep_until(deadline):
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _latency(base, overhead):
+    jitter = _settings["jitter"]
+    value = base + (random.uniform(-jitter, jitter) if jitter else 0.0)
+    return max(0.0, value - overhead)
+
+
+def _units(offset, length):
+    unit = int(_params["alloc_unit"])
+    return range(offset // unit, (offset + length - 1) // unit + 1)
+
+
+def _begin(kind, nbytes):
+    if not _running.is_set():
+        with _lock:
+            _counters["stalled"] += 1
+        _running.wait()
+        with _lock:
+            _counters["stalled"] -= 1
+    if random.random() < _settings["fail_" + kind]:
+        with _lock:
+            _counters["errors"] += 1
+        nbdkit.set_error(errno.EIO)
+        raise OSError(errno.EIO, "injected error")
+    return _reserve(nbytes, time.monotonic())
+
+
+def pread(h, buf, offset, flags):
+    start = _begin("reads", len(buf))
+    units = _units(offset, len(buf))
+    if _settings["lazy"] and not any(_allocated[u] for u in units):
+        _sleep_until(start + max(0.0, _settings["zero_read_latency"] - _settings["overhead_read"]))
+        buf[:] = bytes(len(buf))  # never written: zeros, without touching "media"
+    else:
+        _sleep_until(start + _latency(_settings["read_latency"], _settings["overhead_read"]))
+        buf[:] = _data[offset : offset + len(buf)]
+    with _lock:
+        _counters["reads"] += 1
+        _counters["read_bytes"] += len(buf)
+
+
+def pwrite(h, buf, offset, flags):
+    start = _begin("writes", len(buf))
+    units = _units(offset, len(buf))
+    fresh = _settings["lazy"] and not all(_allocated[u] for u in units)
+    if fresh:
+        with _allocator:  # one allocation at a time, as a provider's allocator behaves
+            if not all(_allocated[u] for u in units):  # another write may have allocated it meanwhile
+                latency = _latency(_settings["first_write_latency"], _settings["overhead_write"])
+                _sleep_until(max(start, time.monotonic()) + latency)
+                for u in units:
+                    _allocated[u] = 1
+            else:
+                _sleep_until(start + _latency(_settings["write_latency"], _settings["overhead_write"]))
+    else:
+        _sleep_until(start + _latency(_settings["write_latency"], _settings["overhead_write"]))
+        if not _settings["lazy"]:
+            for u in units:
+                _allocated[u] = 1
+    _data[offset : offset + len(buf)] = buf
+    with _lock:
+        _counters["writes"] += 1
+        _counters["written_bytes"] += len(buf)

@@ -1,0 +1,144 @@
+"""Faults on lab volumes: a stalled device, I/O errors, a vanishing device. /metrics must stay responsive."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import MIB, requires_root, sample_value
+
+pytestmark = requires_root
+
+
+def write_config(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "volprobe.yml"
+    path.write_text(text)
+    return str(path)
+
+
+def count(samples, target: str, op: str = "read") -> float:
+    return sum(
+        v
+        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
+        if labels["target"] == target and labels["op"] == op
+    )
+
+
+def test_a_stalled_device_blocks_neither_metrics_nor_other_targets(tmp_path, lab_volume, make_loop, start_exporter):
+    stalling = lab_volume(size=64 * MIB, read_latency=0.0005)
+    healthy = make_loop(16 * MIB)
+    config = write_config(
+        tmp_path,
+        f"""
+defaults: {{window: 1m}}
+targets:
+  - {{name: stalling, device: {stalling.device}, probes: [{{op: read, interval: 100ms}}]}}
+  - {{name: healthy, device: {healthy}, probes: [{{op: read, interval: 100ms}}]}}
+""",
+    )
+    exporter = start_exporter("--config", config)
+    exporter.wait_for(lambda s: count(s, "stalling") >= 5, what="probes on the stalling volume")
+    stalling.set(stall=True)
+    time.sleep(0.5)
+    healthy_before = count(exporter.metrics(), "healthy")
+    slowest = 0.0
+    for _ in range(12):  # six seconds of scrapes while a probe hangs in the kernel
+        start = time.monotonic()
+        samples = exporter.metrics()
+        slowest = max(slowest, time.monotonic() - start)
+        time.sleep(0.5)
+    assert slowest < 1.0, f"a scrape took {slowest:.2f}s while a device was stalled"
+    age = sample_value(samples, "volprobe_probe_inflight_seconds", target="stalling", op="read")
+    assert age > 5, age
+    assert count(samples, "healthy") > healthy_before + 30, "the healthy target kept probing"
+    stalled_count = count(samples, "stalling")
+    stalling.set(stall=False)
+    samples = exporter.wait_for(lambda s: count(s, "stalling") > stalled_count, what="the stalled probe to finish")
+    assert sample_value(samples, "volprobe_probe_inflight_seconds", target="stalling", op="read") < 1
+    # The stalled probe is recorded with its true latency, in the 5..7 s bucket, and slots it held were missed.
+    le7 = sample_value(samples, "volprobe_probe_latency_seconds_bucket", target="stalling", touch="first", le="7.0")
+    le5 = sample_value(samples, "volprobe_probe_latency_seconds_bucket", target="stalling", touch="first", le="5.0")
+    le7 += sample_value(samples, "volprobe_probe_latency_seconds_bucket", target="stalling", touch="repeat", le="7.0")
+    le5 += sample_value(samples, "volprobe_probe_latency_seconds_bucket", target="stalling", touch="repeat", le="5.0")
+    assert le7 - le5 == 1
+    assert sample_value(samples, "volprobe_probe_missed_total", target="stalling") >= 40
+    assert exporter.stop() == 0
+
+
+def test_io_errors_are_counted_by_errno_and_probing_recovers(tmp_path, lab_volume, start_exporter):
+    volume = lab_volume(size=64 * MIB, read_latency=0.0005)
+    config = write_config(
+        tmp_path,
+        f"""
+defaults: {{window: 1m}}
+targets: [{{name: flaky, device: {volume.device}, probes: [{{op: read, interval: 100ms}}]}}]
+""",
+    )
+    exporter = start_exporter("--config", config)
+    exporter.wait_for(lambda s: count(s, "flaky") >= 3, what="first samples")
+    volume.set(fail_reads=1.0)
+    samples = exporter.wait_for(
+        lambda s: (sample_value(s, "volprobe_probe_errors_total", target="flaky", errno="EIO") or 0) >= 3,
+        what="EIO errors",
+    )
+    errors = sample_value(samples, "volprobe_probe_errors_total", target="flaky", errno="EIO")
+    time.sleep(2)
+    later = sample_value(exporter.metrics(), "volprobe_probe_errors_total", target="flaky", errno="EIO")
+    assert later - errors < 10, "the worker backs off instead of hammering a failing device"
+    before = count(exporter.metrics(), "flaky")
+    volume.set(fail_reads=0.0)
+    exporter.wait_for(lambda s: count(s, "flaky") > before + 3, timeout=45, what="recovery after the errors stop")
+    assert exporter.process.poll() is None
+    assert exporter.stop() == 0
+
+
+def test_a_vanished_device_is_counted_not_fatal(tmp_path, lab_volume, start_exporter):
+    import lab
+
+    volume = lab_volume(size=64 * MIB, read_latency=0.0005)
+    config = write_config(
+        tmp_path,
+        f"""
+targets: [{{name: gone, device: {volume.device}, probes: [{{op: read, interval: 100ms}}]}}]
+""",
+    )
+    exporter = start_exporter("--config", config)
+    exporter.wait_for(lambda s: count(s, "gone") >= 3, what="first samples")
+    lab.down(volume.name)
+    samples = exporter.wait_for(
+        lambda s: any(labels["target"] == "gone" for labels, _ in s.get("volprobe_probe_errors_total", [])),
+        what="errors from the vanished device",
+    )
+    errnos = {labels["errno"] for labels, _ in samples["volprobe_probe_errors_total"]}
+    assert errnos & {"EIO", "ENXIO", "ENOTCONN", "ENODEV"}, errnos
+    assert exporter.process.poll() is None
+    assert exporter.stop() == 0
+
+
+@pytest.mark.parametrize("latency", [0.002])
+def test_probe_latency_on_a_slow_device_matches_fio_paced_at_the_same_rate(
+    tmp_path, lab_volume, start_exporter, latency
+):
+    import lab
+
+    volume = lab_volume(size=64 * MIB, read_latency=latency)
+    job = lab.run_fio(
+        volume.device, "--ioengine=sync", "--iodepth=1", "--rw=randread", "--bs=4k", "--rate_iops=20", runtime=5
+    )
+    fio_p50 = lab.fio_percentile(job, "read", 50)
+    config = write_config(
+        tmp_path,
+        f"""
+defaults: {{window: 1m, jitter: 0}}
+targets: [{{name: slow, device: {volume.device}, probes: [{{op: read, interval: 50ms}}]}}]
+""",
+    )
+    exporter = start_exporter("--config", config)
+    samples = exporter.wait_for(lambda s: count(s, "slow") >= 100, what="100 probes")
+    p50 = sample_value(samples, "volprobe_probe_latency_recent_seconds", target="slow", touch="first", quantile="0.5")
+    assert 0.9 < p50 / fio_p50 < 1.1, (p50, fio_p50)
+    assert exporter.stop() == 0
+    os.sync()
