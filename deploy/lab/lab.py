@@ -35,6 +35,7 @@ LAB_ROOT = Path(os.environ.get("VOLPROBE_LAB_ROOT", "/run/volprobe-lab"))
 PLUGIN = Path(__file__).resolve().parent / "volume_plugin.py"
 CALIBRATION_LATENCY = 0.001
 MIB = 1024 * 1024
+TRACE_UNIT = 64 * 1024  # the granularity of Volume.read_coverage()
 
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": MIB, "mib": MIB, "g": 1024**3, "gib": 1024**3}
@@ -118,6 +119,14 @@ class Volume:
             return json.loads((self.dir / "stats.json").read_text())
         except (OSError, ValueError):
             return {}
+
+    def read_coverage(self) -> list[int]:
+        """Bytes read so far from each 64 KiB of the device (since it was made), for coverage checks."""
+        import array
+
+        counts = array.array("I")
+        counts.frombytes((self.dir / "reads.bin").read_bytes())
+        return counts.tolist()
 
     def set(self, wait: bool = True, **changes: object) -> dict:
         """Change live settings (seconds, bytes/s, ratios); returns the new settings once the device applies them."""

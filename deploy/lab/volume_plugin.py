@@ -54,6 +54,8 @@ _running = threading.Event()
 _running.set()
 _data = None
 _allocated = None
+_reads = None  # bytes read per TRACE_UNIT, in DIR/reads.bin, for tests that check coverage block by block
+TRACE_UNIT = 64 * 1024
 _bucket = {"ops_tat": 0.0, "bytes_tat": 0.0}
 
 
@@ -64,20 +66,33 @@ def config(key, value):
 
 
 def config_complete():
-    global _data, _allocated
+    global _data, _allocated, _reads
     size = int(_params["size"])
     unit = int(_params["alloc_unit"])
     _data = mmap.mmap(-1, size)  # anonymous: zero pages until written, so RSS follows what was written
     _allocated = bytearray((size + unit - 1) // unit)
+    units = (size + TRACE_UNIT - 1) // TRACE_UNIT
+    with builtins.open(os.path.join(_params["state"], "reads.bin"), "w+b") as f:
+        f.truncate(units * 4)
+        _reads = memoryview(mmap.mmap(f.fileno(), units * 4)).cast("I")
     _load_settings()
-    threading.Thread(target=_watch, daemon=True).start()
 
 
 def thread_model():
     return nbdkit.THREAD_MODEL_PARALLEL
 
 
+_watcher = threading.Lock()
+_watching = []
+
+
 def open(readonly):
+    # The watcher starts with the first connection: started earlier, its file descriptors race with the
+    # ones nbdkit closes and reopens on /dev/null while it sets itself up.
+    with _watcher:
+        if not _watching:
+            _watching.append(threading.Thread(target=_watch, daemon=True))
+            _watching[0].start()
     return 1
 
 
@@ -120,6 +135,8 @@ def _load_settings():
     if loaded.get("reset_allocation", 0) != _bucket.get("reset_seen", 0):
         _bucket["reset_seen"] = loaded.get("reset_allocation", 0)
         _allocated[:] = bytes(len(_allocated))
+        for i in range(len(_reads)):
+            _reads[i] = 0
 
 
 def _watch():
@@ -206,9 +223,12 @@ def pread(h, buf, offset, flags):
     else:
         _sleep_until(start + _latency(_settings["read_latency"], _settings["overhead_read"]))
         buf[:] = _data[offset : offset + len(buf)]
+    end = offset + len(buf)
     with _lock:
         _counters["reads"] += 1
         _counters["read_bytes"] += len(buf)
+        for unit in range(offset // TRACE_UNIT, (end - 1) // TRACE_UNIT + 1):
+            _reads[unit] += min(end, (unit + 1) * TRACE_UNIT) - max(offset, unit * TRACE_UNIT)
 
 
 def pwrite(h, buf, offset, flags):

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from . import __version__, safety, targets, units
+from . import __version__, safety, targets, units, warmup
 from .collector import VolprobeCollector
 from .config import Config, ConfigError, ProbeConfig, TargetConfig, from_paths, load
 from .discovery import Host
@@ -79,7 +79,7 @@ def run_exporter(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="volprobe",
         description="Prometheus exporter: queue-depth-1 direct I/O probes of block volumes. "
-        "Subcommands: check-config, devices, ping (volprobe SUBCOMMAND --help).",
+        "Subcommands: check-config, devices, ping, warmup (volprobe SUBCOMMAND --help).",
     )
     parser.add_argument("--config", help="YAML configuration file (default: probe every whole disk, read-only)")
     parser.add_argument("--target", action="append", metavar="PATH", help="probe a device or directory (repeatable)")
@@ -348,7 +348,99 @@ def run_ping(argv: Sequence[str]) -> int:
     return 0 if not errors else 1
 
 
-SUBCOMMANDS = {"check-config": run_check_config, "devices": run_devices, "ping": run_ping}
+# -- warmup ---------------------------------------------------------------------------------------------
+
+
+def run_warmup(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="volprobe warmup",
+        description="Read every block of a device once (volume initialization), resumably. With --write, "
+        "first write every block (blank devices only).",
+    )
+    parser.add_argument("device")
+    parser.add_argument("--rate", default=None, help="bytes per second, e.g. 100MiB (default: unlimited)")
+    parser.add_argument("--jobs", type=int, default=4, help="parallel requests (default 4)")
+    parser.add_argument("--block-size", default="1MiB", help="request size (default 1MiB)")
+    parser.add_argument("--state", help="checkpoint file: resume from it, and keep progress in it")
+    parser.add_argument("--checkpoint-interval", default="5s", help="how often progress is saved (default 5s)")
+    parser.add_argument("--write", action="store_true", help="write every block first (blank devices only)")
+    parser.add_argument("--no-idle-priority", action="store_true", help="do not lower the I/O priority")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar, only the summary")
+    _add_path_flags(parser)
+    args = parser.parse_args(argv)
+    setup_logging("warning")
+    try:
+        rate = units.parse_size(args.rate) if args.rate else None
+        block_size = units.parse_size(args.block_size)
+        interval = units.parse_duration(args.checkpoint_interval)
+        if args.jobs < 1:
+            raise ValueError("--jobs must be at least 1")
+    except ValueError as err:
+        return _report(ConfigError([f"warmup: {err}"]))
+    host = _host(args)
+    try:
+        job = warmup.job_for(
+            host,
+            args.device,
+            "write" if args.write else "read",
+            block_size,
+            args.jobs,
+            rate,
+            args.state,
+            not args.no_idle_priority,
+            interval,
+        )
+    except ConfigError as err:
+        return _report(err)
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: (stop.set(), job.stop()))
+    signal.signal(signal.SIGTERM, lambda *_: (stop.set(), job.stop()))
+    progress = job.progress
+    if args.quiet or not sys.stderr.isatty():
+        result = job.run()
+    else:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TaskProgressColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            TaskProgressColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            transient=False,
+        ) as bar:
+            task = bar.add_task(f"warm-up {args.device}", total=progress.total_bytes)
+            job.on_progress = lambda p: bar.update(task, completed=p.done_bytes, description=f"{p.phase} {args.device}")
+            result = job.run()
+            bar.update(task, completed=result.done_bytes)
+    elapsed = (result.finished or time.monotonic()) - (result.started or time.monotonic())
+    moved = result.done_bytes - result.resumed_blocks * block_size
+    speed = f"{units.format_size(moved / elapsed)}/s" if elapsed > 0 else "-"
+    resumed = f", resumed at {result.resumed_blocks * block_size / result.size:.0%}" if result.resumed_blocks else ""
+    if result.state == "done":
+        print(f"{args.device}: warm: {units.format_size(result.total_bytes)} in {elapsed:.1f}s ({speed}){resumed}")
+        return 0
+    if result.state == "failed":
+        print(f"{args.device}: warm-up failed at {result.ratio:.1%}: {result.error}", file=sys.stderr)
+        return 1
+    print(f"{args.device}: stopped at {result.ratio:.1%}{'; resume with the same --state' if args.state else ''}")
+    return 130 if stop.is_set() else 1
+
+
+SUBCOMMANDS = {
+    "check-config": run_check_config,
+    "devices": run_devices,
+    "ping": run_ping,
+    "warmup": run_warmup,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

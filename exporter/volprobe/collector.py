@@ -23,9 +23,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from . import __version__, diskstats
+from . import __version__, diskstats, probe
+from .detectors import DIRECTIONS, LIMITS
 from .runtime import Exporter
 from .stats import SUMMARY_QUANTILES, TOUCHES
+from .warmup import STATES
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ class VolprobeCollector(Collector):
             ("probe", self.collect_probes),
             ("target", self.collect_targets),
             ("diskstats", self.collect_diskstats),
+            ("throttle", self.collect_throttle),
+            ("warmup", self.collect_warmup),
         ]
 
     def add_part(self, name: str, func: Callable[[], list[Metric]]) -> None:
@@ -81,10 +85,10 @@ class VolprobeCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         build = GaugeMetricFamily(
             "volprobe_build_info",
-            "A metric with a constant '1' value labeled by version and Python version.",
-            labels=["version", "python_version"],
+            "A metric with a constant '1' value labeled by version, Python version and probe timer (c or python).",
+            labels=["version", "python_version", "timer"],
         )
-        build.add_metric([__version__, platform.python_version()], 1)
+        build.add_metric([__version__, platform.python_version(), probe.TIMER], 1)
         yield build
         success = GaugeMetricFamily(
             "volprobe_scrape_collector_success", "Whether a collector succeeded.", labels=["collector"]
@@ -240,6 +244,97 @@ class VolprobeCollector(Collector):
                 seen.add(d.name)
                 size.add_metric([d.name], d.size_bytes)
         return [info, size]
+
+    # -- throttling ---------------------------------------------------------------------------------------
+
+    def collect_throttle(self) -> list[Metric]:
+        targets, _ = self.exporter.snapshot()
+        limit_ops = GaugeMetricFamily(
+            "volprobe_limit_ops_per_second",
+            "Provisioned IOPS limit of a target's disks, from the config.",
+            labels=["target", "device"],
+        )
+        limit_bytes = GaugeMetricFamily(
+            "volprobe_limit_bytes_per_second",
+            "Provisioned bandwidth limit of a target's disks, from the config.",
+            labels=["target", "device"],
+        )
+        for target in targets:
+            for disk in target.disks:
+                if target.config.limits.iops:
+                    limit_ops.add_metric([target.name, disk], target.config.limits.iops)
+                if target.config.limits.bandwidth:
+                    limit_bytes.add_metric([target.name, disk], target.config.limits.bandwidth)
+        families: list[Metric] = [limit_ops, limit_bytes]
+        detector = self.exporter.detector
+        if detector is None:
+            return families
+        active = GaugeMetricFamily(
+            "volprobe_throttle_active",
+            "1 while the disk sits on a flat ceiling with requests queueing (a provider's cap).",
+            labels=["device", "limit", "dir"],
+        )
+        ceiling_ops = GaugeMetricFamily(
+            "volprobe_throttle_ceiling_ops_per_second",
+            "Operations per second of the plateau, while one is detected.",
+            labels=["device", "dir"],
+        )
+        ceiling_bytes = GaugeMetricFamily(
+            "volprobe_throttle_ceiling_bytes_per_second",
+            "Bytes per second of the plateau, while one is detected.",
+            labels=["device", "dir"],
+        )
+        seconds = CounterMetricFamily(
+            "volprobe_throttle_seconds",
+            "Seconds spent on a plateau, per limit and direction.",
+            labels=["device", "limit", "dir"],
+        )
+        share = GaugeMetricFamily(
+            "volprobe_probe_share_ratio",
+            "Share of the disk's completed I/Os over the detector window that were probes.",
+            labels=["device"],
+        )
+        for name, state in sorted(detector.snapshot().items()):
+            for direction in DIRECTIONS:
+                plateau = state.plateaus.get(direction)
+                for limit in LIMITS:
+                    active.add_metric([name, limit, direction], 1.0 if plateau and plateau.limit == limit else 0.0)
+                    seconds.add_metric([name, limit, direction], state.throttled_seconds.get((limit, direction), 0.0))
+                if plateau:
+                    ceiling_ops.add_metric([name, direction], plateau.ceiling_ops)
+                    ceiling_bytes.add_metric([name, direction], plateau.ceiling_bytes)
+            ratio = detector.probe_share(name)
+            if ratio is not None:
+                share.add_metric([name], ratio)
+        return [*families, active, ceiling_ops, ceiling_bytes, seconds, share]
+
+    # -- warm-up ---------------------------------------------------------------------------------------------
+
+    def collect_warmup(self) -> list[Metric]:
+        labels = ["target", "device"]
+        size = GaugeMetricFamily(
+            "volprobe_warmup_size_bytes", "Bytes a warm-up moves: the device size (twice in write mode).", labels=labels
+        )
+        done = GaugeMetricFamily("volprobe_warmup_done_bytes", "Bytes a warm-up has moved.", labels=labels)
+        ratio = GaugeMetricFamily("volprobe_warmup_progress_ratio", "Warm-up progress, 0 to 1.", labels=labels)
+        eta = GaugeMetricFamily(
+            "volprobe_warmup_eta_seconds", "Seconds to the end of the warm-up at its recent rate.", labels=labels
+        )
+        state = GaugeMetricFamily(
+            "volprobe_warmup_state", "1 for the warm-up's current state.", labels=[*labels, "state"]
+        )
+        for target, job in list(self.exporter.warmups):
+            progress = job.progress
+            values = [target.name, target.device.name]
+            size.add_metric(values, progress.total_bytes)
+            done.add_metric(values, progress.done_bytes)
+            ratio.add_metric(values, progress.ratio)
+            remaining = progress.eta()
+            if remaining is not None:
+                eta.add_metric(values, remaining)
+            for name in STATES:
+                state.add_metric([*values, name], 1.0 if progress.state == name else 0.0)
+        return [size, done, ratio, eta, state]
 
     # -- diskstats ----------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ stamping the write buffer, checking a read for zeros, recording the sample) happ
 
 from __future__ import annotations
 
+import array
 import errno
 import logging
 import mmap
@@ -16,13 +17,22 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .stats import ProbeStats
+
+try:  # the C timer (see _timedio.c); optional at build time
+    from . import _timedio
+except ImportError:
+    _timedio = None
+
+TIMER = "c" if _timedio is not None else "python"
 
 log = logging.getLogger(__name__)
 
 SECTOR = 512
 MAX_ERROR_BACKOFF_S = 30.0
+MAX_SLEEP_NS = 1_000_000_000  # a worker notices stop and slow-down requests within a second
 # errnos after which the descriptor is worthless: the device went away or was replaced.
 REOPEN_ERRNOS = {errno.ENXIO, errno.ENODEV, errno.ENOENT, errno.EBADF, errno.ESTALE, errno.ENOMEDIUM}
 _M64 = (1 << 64) - 1
@@ -63,7 +73,12 @@ class BlockPermutation:
 
 
 class OffsetPicker:
-    """Chooses the next block: a fresh one, or with probability `revisit` one probed before."""
+    """Chooses the next block: a fresh one, or with probability `revisit` one probed before.
+
+    Picks are made BATCH at a time: one warm pass instead of a cold one after every probe's idle wait.
+    """
+
+    BATCH = 32
 
     def __init__(self, nblocks: int, revisit: float, rng: random.Random, key: int | None = None) -> None:
         self.nblocks = nblocks
@@ -71,14 +86,21 @@ class OffsetPicker:
         self.rng = rng
         self.permutation = BlockPermutation(nblocks, rng.getrandbits(64) if key is None else key)
         self.fresh_used = 0
+        self._queue: list[tuple[int, str]] = []
 
-    def next(self) -> tuple[int, str]:
-        """(block index, "first" or "repeat")."""
+    def _pick(self) -> tuple[int, str]:
         if self.fresh_used and (self.fresh_used >= self.nblocks or self.rng.random() < self.revisit):
             return self.permutation(self.rng.randrange(self.fresh_used)), "repeat"
         block = self.permutation(self.fresh_used)
         self.fresh_used += 1
         return block, "first"
+
+    def next(self) -> tuple[int, str]:
+        """(block index, "first" or "repeat")."""
+        if not self._queue:
+            self._queue = [self._pick() for _ in range(self.BATCH)]
+            self._queue.reverse()
+        return self._queue.pop()
 
 
 @dataclass(frozen=True)
@@ -140,8 +162,7 @@ class WriteData:
             self.view[i::SECTOR] = stamp[i : i + 1] * self.sectors
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     """One probe's result: a latency, or an error named by errno (or SHORT for a short transfer)."""
 
     offset: int
@@ -154,16 +175,14 @@ class Outcome:
 
 
 class ProbeIO:
-    """Does one synchronous, direct, aligned request at a time on one target and times exactly the syscall."""
+    """Does one synchronous, direct, aligned request at a time on one target and times exactly the syscall.
+
+    prepare() does everything a probe needs before its request (the offset, the write data), so that issue()
+    runs nothing but the timed request: a worker prepares before it sleeps, and issues as it wakes.
+    """
 
     def __init__(
-        self,
-        op: str,
-        io: IOTarget,
-        block_size: int,
-        revisit: float,
-        rng: random.Random,
-        fd: int | None = None,
+        self, op: str, io: IOTarget, block_size: int, revisit: float, rng: random.Random, fd: int | None = None
     ) -> None:
         if op not in ("read", "write"):
             raise ValueError(f"unknown op {op!r}")
@@ -176,11 +195,17 @@ class ProbeIO:
         self.picker = OffsetPicker(nblocks, revisit, rng)
         self.buffer = mmap.mmap(-1, block_size)  # anonymous mappings are page aligned, as O_DIRECT needs
         self._bufs = [self.buffer]
-        self._view = memoryview(self.buffer)
+        self._empty = [memoryview(self.buffer)[:0]]
         self.write_data = WriteData(self.buffer) if op == "write" else None
         self._zeros = bytes(block_size)
         self.fd = fd
-        self.inflight_since_ns = 0  # read by scrapes; 0 when no request is in flight
+        self._inflight = array.array("q", [0])  # start of the request in flight (ns), 0 when none; see scrapes
+        self._offset = -1
+        self._touch = ""
+
+    @property
+    def inflight_since_ns(self) -> int:
+        return self._inflight[0]
 
     def open(self) -> None:
         if self.fd is None:
@@ -194,43 +219,64 @@ class ProbeIO:
                 pass
             self.fd = None
 
-    def once(self) -> Outcome:
-        """One probe. The descriptor must be open; it is closed again when the device went away."""
+    def prepare(self) -> None:
+        block, self._touch = self.picker.next()
+        self._offset = self.io.region_start + block * self.block_size
+        if self.write_data is not None:
+            self.write_data.stamp()
+
+    def _timed_in_python(self, fd: int, offset: int, deadline_ns: int) -> tuple[int, int, int]:
+        """The fallback without the C timer. A zero-length request first does no I/O but brings this code
+        path into the CPU caches, so the timed request measures the kernel and device, not a cold interpreter."""
         clock = time.perf_counter_ns
-        block, touch = self.picker.next()
-        offset = self.io.region_start + block * self.block_size
-        fd = self.fd
-        assert fd is not None
+        wait = deadline_ns - clock()
+        if wait > 0:
+            time.sleep(wait / 1e9)
+        bufs = self._bufs
+        inflight = self._inflight
         try:
             if self.write_data is not None:
-                self.write_data.stamp()
-                view = self._view
-                self.inflight_since_ns = clock()
-                t0 = clock()
-                done = os.pwrite(fd, view, offset)
+                os.pwritev(fd, self._empty, offset)
+                inflight[0] = t0 = clock()
+                done = os.pwritev(fd, bufs, offset)
                 t1 = clock()
             else:
-                bufs = self._bufs
-                self.inflight_since_ns = clock()
-                t0 = clock()
+                os.preadv(fd, self._empty, offset)
+                inflight[0] = t0 = clock()
                 done = os.preadv(fd, bufs, offset)
                 t1 = clock()
+        finally:
+            inflight[0] = 0
+        return done, t0, t1
+
+    def issue(self, deadline_ns: int = 0) -> Outcome:
+        """The prepared request, at deadline_ns (perf_counter_ns clock) or now. The descriptor must be open;
+        it is closed when the device went away."""
+        fd, offset = self.fd, self._offset
+        assert fd is not None and offset >= 0, "open() and prepare() first"
+        try:
+            if _timedio is not None:
+                if self.write_data is not None:
+                    done, t0, t1 = _timedio.write(fd, self.buffer, offset, deadline_ns, self._inflight)
+                else:
+                    done, t0, t1 = _timedio.read(fd, self.buffer, offset, deadline_ns, self._inflight)
+            else:
+                done, t0, t1 = self._timed_in_python(fd, offset, deadline_ns)
         except OSError as err:
-            self.inflight_since_ns = 0
             if err.errno in REOPEN_ERRNOS:
                 self.close()
             name = errno.errorcode.get(err.errno or 0, "EUNKNOWN")
-            return Outcome(offset, touch, error=name, detail=f"{self.op} at {offset}: {err.strerror}")
-        self.inflight_since_ns = 0
+            return Outcome(offset, self._touch, error=name, detail=f"{self.op} at {offset}: {err.strerror}")
         if done != self.block_size:
-            return Outcome(
-                offset,
-                touch,
-                error="SHORT",
-                detail=f"{self.op} at {offset}: {done} of {self.block_size} bytes",
-            )
+            detail = f"{self.op} at {offset}: {done} of {self.block_size} bytes"
+            return Outcome(offset, self._touch, error="SHORT", detail=detail)
         zero = self.write_data is None and self.buffer[:] == self._zeros
-        return Outcome(offset, touch, t1 - t0, t1, zero=zero)
+        return Outcome(offset, self._touch, t1 - t0, t1, zero=zero)
+
+    def once(self) -> Outcome:
+        """prepare() and issue(): one probe now."""
+        self.prepare()
+        return self.issue()
 
 
 class ProbeWorker:
@@ -256,8 +302,7 @@ class ProbeWorker:
         self.stats = stats
         self.rng = random.Random(seed)
         self.probe = ProbeIO(op, io, block_size, revisit, self.rng, fd)
-        self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._stopping = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._slowdown = 1.0
@@ -275,8 +320,7 @@ class ProbeWorker:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
+        self._stopping = True
 
     def join(self, timeout: float) -> bool:
         """Wait for the thread; False if it is still stuck in the kernel (a stalled device)."""
@@ -291,10 +335,8 @@ class ProbeWorker:
             self.probe.close()
 
     def set_slowdown(self, factor: float) -> None:
-        """Stretch the interval (throttle back-off); 1 restores the configured rate."""
-        if factor != self._slowdown:
-            self._slowdown = factor
-            self._wake.set()
+        """Stretch the interval (throttle back-off); 1 restores the configured rate. Applies within a second."""
+        self._slowdown = factor
 
     @property
     def slowdown(self) -> float:
@@ -319,37 +361,49 @@ class ProbeWorker:
             log.warning("probe %s %s: %s", self.name, self.op, detail)
         self.last_error = detail
 
+    def _backoff_ns(self, failures: int) -> int:
+        return int(min(self.interval_s * 2**failures, MAX_ERROR_BACKOFF_S) * 1e9)
+
     def _run(self) -> None:
         clock = time.perf_counter_ns
+        probe = self.probe
         pacer = Pacer(self.interval_s, self.jitter, self.rng, clock())
         slowdown = self._slowdown
         failures = 0
-        while not self._stop.is_set():
+        deadline = pacer.deadline()
+        ready = False
+        while not self._stopping:
             if slowdown != self._slowdown:
                 slowdown = self._slowdown
                 pacer.set_interval(self.interval_s * slowdown, clock())
-            wait_ns = pacer.deadline() - clock()
-            if failures:  # back off exponentially while the device keeps failing
-                wait_ns = max(wait_ns, int(min(self.interval_s * 2**failures, MAX_ERROR_BACKOFF_S) * 1e9))
-            if wait_ns > 0 and self._wake.wait(wait_ns / 1e9):
-                self._wake.clear()
-                continue  # stopped, or the interval changed: plan again
-            try:
-                self.probe.open()
-            except OSError as err:
-                failures += 1
-                self._count_error(errno.errorcode.get(err.errno or 0, "EUNKNOWN"), f"open: {err}")
-                pacer.advance(clock())
+                deadline = pacer.deadline()
+            if not ready:  # open the device if needed and prepare the request, before sleeping
+                try:
+                    probe.open()
+                    probe.prepare()
+                    ready = True
+                except OSError as err:
+                    failures += 1
+                    self._count_error(errno.errorcode.get(err.errno or 0, "EUNKNOWN"), f"open: {err}")
+                    deadline = clock() + self._backoff_ns(failures)
+                    pacer.set_interval(self.interval_s * slowdown, deadline)
+                    continue
+            if deadline - clock() > MAX_SLEEP_NS:
+                time.sleep(MAX_SLEEP_NS / 1e9)  # long intervals: wake each second for stop and slow-down
                 continue
-            outcome = self.probe.once()
+            outcome = probe.issue(deadline)  # sleeps until the deadline, then the request, in one call
+            ready = False
             if outcome.error:
                 failures += 1
                 self._count_error(outcome.error, outcome.detail)
-            else:
-                failures = 0
-                self.completed += 1
-                self.stats.record(outcome.latency_ns, outcome.touch, outcome.end_ns)
-                if outcome.zero:
-                    self.zero_reads += 1
+                # Back off, and restart the schedule after it: slots skipped while backing off are not "missed".
+                deadline = clock() + self._backoff_ns(failures)
+                pacer.set_interval(self.interval_s * slowdown, deadline)
+                continue
+            failures = 0
+            self.completed += 1
+            self.stats.record(outcome.latency_ns, outcome.touch, outcome.end_ns)
+            if outcome.zero:
+                self.zero_reads += 1
             self.missed += pacer.advance(clock())
-        self.probe.inflight_since_ns = 0
+            deadline = pacer.deadline()

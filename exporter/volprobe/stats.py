@@ -141,30 +141,60 @@ class LatencySnapshot:
 
 @dataclass
 class ProbeStats:
-    """Latency statistics of one probe, split by touch; recorded by the worker, read by scrapes."""
+    """Latency statistics of one probe, split by touch; recorded by the worker, read by scrapes.
+
+    record() only queues the sample: folding into the histograms happens in batches (every PENDING_LIMIT
+    samples, and at each scrape), so the worker's per-probe path stays short and warm.
+    """
 
     window_s: float
     buckets: tuple[float, ...] = DEFAULT_BUCKETS
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    PENDING_LIMIT = 64
+    FLOOR_GROUP = 10
 
     def __post_init__(self) -> None:
         self._bounds_ns = [round(b * 1e9) for b in self.buckets]
         self._series = {
             touch: TouchSeries([0] * (len(self.buckets) + 1), SlidingHistogram(self.window_s)) for touch in TOUCHES
         }
+        self._pending: deque[tuple[int, str, int]] = deque()  # append and popleft are thread-safe
+        self._group: list[int] = []
+        self.floor_s: float | None = None  # lowest median of FLOOR_GROUP consecutive probes: unloaded latency
 
     def record(self, latency_ns: int, touch: str, now_ns: int) -> None:
-        series = self._series[touch]
-        slot = bisect.bisect_left(self._bounds_ns, latency_ns)
+        self._pending.append((latency_ns, touch, now_ns))
+        if len(self._pending) >= self.PENDING_LIMIT:
+            with self._lock:
+                self._fold()
+
+    def _fold(self) -> None:
+        """Move queued samples into the histograms; the caller holds the lock."""
+        pending, bounds, series = self._pending, self._bounds_ns, self._series
+        while pending:
+            latency_ns, touch, now_ns = pending.popleft()
+            target = series[touch]
+            target.bucket_counts[bisect.bisect_left(bounds, latency_ns)] += 1
+            target.count += 1
+            target.sum_ns += latency_ns
+            target.window.add(latency_ns, now_ns)
+            self._group.append(latency_ns)
+            if len(self._group) == self.FLOOR_GROUP:
+                median = sorted(self._group)[self.FLOOR_GROUP // 2] / 1e9
+                self.floor_s = median if self.floor_s is None else min(self.floor_s, median)
+                self._group.clear()
+
+    def floor(self) -> float | None:
+        """The unloaded latency: the lowest median of FLOOR_GROUP consecutive probes seen so far."""
         with self._lock:
-            series.bucket_counts[slot] += 1
-            series.count += 1
-            series.sum_ns += latency_ns
-            series.window.add(latency_ns, now_ns)
+            self._fold()
+            return self.floor_s
 
     def snapshot(self, touch: str, now_ns: int) -> LatencySnapshot:
         series = self._series[touch]
         with self._lock:
+            self._fold()
             counts = list(series.bucket_counts)
             total, sum_ns = series.count, series.sum_ns
             window_counts = series.window.counts(now_ns)

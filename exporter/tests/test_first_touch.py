@@ -1,0 +1,60 @@
+"""First touch and zero reads on a lazily allocated lab volume: the penalty of fresh blocks, made visible."""
+
+from __future__ import annotations
+
+from .conftest import MIB, requires_root, sample_value
+
+pytestmark = requires_root
+
+
+def test_first_touch_writes_pay_the_allocation_and_never_written_blocks_read_as_zeros(
+    tmp_path, lab_volume, start_exporter
+):
+    volume = lab_volume(
+        size=256 * MIB,
+        alloc_unit=8 * 1024,
+        read_latency=0.001,
+        write_latency=0.001,
+        lazy=True,
+        first_write_latency=0.015,
+    )
+    config = tmp_path / "volprobe.yml"
+    config.write_text(f"""
+defaults: {{window: 5m, revisit: 0.5}}
+targets:
+  - name: thin
+    device: {volume.device}
+    allow_raw_writes: true
+    probes:
+      - {{op: write, block_size: 8KiB, interval: 50ms}}
+      - {{op: read, block_size: 8KiB, interval: 50ms}}
+""")
+    exporter = start_exporter("--config", str(config))
+
+    def counts(s):
+        return [
+            sample_value(s, "volprobe_probe_latency_seconds_count", target="thin", op="write", touch=t) or 0
+            for t in ("first", "repeat")
+        ]
+
+    samples = exporter.wait_for(lambda s: min(counts(s)) >= 40, timeout=60, what="40 first and 40 repeat writes")
+    first = sample_value(
+        samples, "volprobe_probe_latency_recent_seconds", target="thin", op="write", touch="first", quantile="0.5"
+    )
+    repeat = sample_value(
+        samples, "volprobe_probe_latency_recent_seconds", target="thin", op="write", touch="repeat", quantile="0.5"
+    )
+    assert first > 5 * repeat, (first, repeat)
+    assert first >= 0.014 and repeat < 0.003
+    # Reads: nothing but probes ever wrote this volume, and reads go to their own offsets: all zeros, all fast.
+    reads = sum(
+        sample_value(samples, "volprobe_probe_latency_seconds_count", target="thin", op="read", touch=t)
+        for t in ("first", "repeat")
+    )
+    zero = sample_value(samples, "volprobe_probe_zero_reads_total", target="thin")
+    assert reads >= 40 and zero >= 0.9 * reads
+    read_p50 = sample_value(
+        samples, "volprobe_probe_latency_recent_seconds", target="thin", op="read", touch="first", quantile="0.5"
+    )
+    assert read_p50 < 0.001, "reads of never-written blocks are answered without touching media"
+    assert exporter.stop() == 0

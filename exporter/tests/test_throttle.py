@@ -1,0 +1,166 @@
+"""The throttling plateau detector on lab volumes under real load: what it must flag, and what it must not."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from .conftest import MIB, requires_root, sample_value
+
+pytestmark = requires_root
+
+
+def fio_load(device: str, *options: str, runtime: float) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            "fio",
+            "--name=load",
+            f"--filename={device}",
+            "--direct=1",
+            "--time_based",
+            f"--runtime={runtime:g}",
+            "--output=/dev/null",
+            *options,
+        ],
+    )
+
+
+def probes_ready(samples, names: list[str], count: int = 12) -> bool:
+    done = {
+        labels["target"]: v
+        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
+        if labels["touch"] == "first"
+    }
+    return all(done.get(name, 0) >= count for name in names)
+
+
+def start(tmp_path: Path, start_exporter, volumes: dict[str, object]):
+    lines = ["defaults: {interval: 200ms, window: 1m}", "targets:"]
+    for name, volume in volumes.items():
+        lines.append(f"  - {{name: {name}, device: {volume.device}, probes: [{{op: read}}]}}")
+    config = tmp_path / "volprobe.yml"
+    config.write_text("\n".join(lines) + "\n")
+    exporter = start_exporter("--config", str(config))
+    # The unloaded latency comes from the probes: let them see each volume idle first.
+    exporter.wait_for(lambda s: probes_ready(s, list(volumes)), what="probes on the idle volumes")
+    return exporter
+
+
+def device_of(volume) -> str:
+    return Path(volume.device).name
+
+
+def test_caps_are_flagged_within_60s_with_their_ceiling(tmp_path, lab_volume, start_exporter):
+    caps = {
+        "iops150": (lab_volume(size=64 * MIB, read_latency=0.001, iops_limit=150), "iops", 150),
+        "iops500": (lab_volume(size=64 * MIB, read_latency=0.001, iops_limit=500), "iops", 500),
+        "iops1000": (lab_volume(size=64 * MIB, read_latency=0.001, iops_limit=1000), "iops", 1000),
+        "bw20": (lab_volume(size=64 * MIB, read_latency=0.0005, bandwidth_limit=20 * MIB), "bandwidth", 20 * MIB),
+    }
+    exporter = start(tmp_path, start_exporter, {name: v for name, (v, _, _) in caps.items()})
+    loads = [
+        fio_load(
+            v.device,
+            "--ioengine=libaio",
+            "--iodepth=16",
+            "--rw=randread",
+            f"--bs={'64k' if limit == 'bandwidth' else '4k'}",
+            runtime=75,
+        )
+        for v, limit, _ in caps.values()
+    ]
+    started = time.monotonic()
+    flagged: dict[str, float] = {}
+    try:
+        while len(flagged) < len(caps) and time.monotonic() - started < 62:
+            samples = exporter.metrics()
+            for name, (volume, limit, cap) in caps.items():
+                dev = device_of(volume)
+                if name in flagged:
+                    continue
+                if sample_value(samples, "volprobe_throttle_active", device=dev, limit=limit, dir="read") == 1:
+                    flagged[name] = time.monotonic() - started
+                    metric = "ops" if limit == "iops" else "bytes"
+                    ceiling = sample_value(
+                        samples, f"volprobe_throttle_ceiling_{metric}_per_second", device=dev, dir="read"
+                    )
+                    assert abs(ceiling - cap) <= 0.03 * cap, (name, ceiling, cap)
+                    other = "bandwidth" if limit == "iops" else "iops"
+                    assert sample_value(samples, "volprobe_throttle_active", device=dev, limit=other, dir="read") == 0
+            time.sleep(1)
+        assert set(flagged) == set(caps), f"flagged after {flagged}; log:\n{exporter.log()[-2000:]}"
+        assert max(flagged.values()) <= 60
+        samples = exporter.metrics()
+        for name, (volume, _, _) in caps.items():
+            dev = device_of(volume)
+            # Probes back off on a throttled disk (10x their interval), and are a small share of its I/O.
+            assert sample_value(samples, "volprobe_probe_interval_seconds", target=name) == 2.0
+            assert sample_value(samples, "volprobe_probe_share_ratio", device=dev) < 0.05
+            assert (
+                sample_value(samples, "volprobe_throttle_seconds_total", device=dev, dir="read", limit=caps[name][1])
+                > 0
+            )
+    finally:
+        for load in loads:
+            load.kill()
+            load.wait()
+    assert exporter.stop() == 0
+
+
+def test_idle_bursty_and_latency_bound_qd1_are_not_flagged(tmp_path, lab_volume, start_exporter):
+    volumes = {
+        "idle": lab_volume(size=64 * MIB, read_latency=0.001),
+        "bursty": lab_volume(size=64 * MIB, read_latency=0.001, write_latency=0.001),
+        "qd1": lab_volume(size=64 * MIB, read_latency=0.002, write_latency=0.002),
+    }
+    exporter = start(tmp_path, start_exporter, volumes)
+    # The seed's job: one thread, queue depth 1, 8 KiB random writes on a 2 ms device: ~500 IOPS, flat.
+    qd1 = fio_load(
+        volumes["qd1"].device,
+        "--ioengine=sync",
+        "--iodepth=1",
+        "--rw=randwrite",
+        "--bs=8k",
+        "--offset=1M",
+        "--size=60M",
+        runtime=70,
+    )
+    stop = threading.Event()
+
+    def bursts() -> None:
+        rng = random.Random(7)
+        while not stop.is_set():
+            burst = fio_load(
+                volumes["bursty"].device,
+                "--ioengine=libaio",
+                f"--iodepth={rng.choice([4, 16, 32])}",
+                "--rw=randrw",
+                "--bs=4k",
+                runtime=rng.uniform(0.5, 2.5),
+            )
+            burst.wait()
+            stop.wait(rng.uniform(0.5, 3))
+
+    burster = threading.Thread(target=bursts)
+    burster.start()
+    try:
+        deadline = time.monotonic() + 65
+        seen_qd1_rate = []
+        while time.monotonic() < deadline:
+            samples = exporter.metrics()
+            active = [(labels, v) for labels, v in samples.get("volprobe_throttle_active", []) if v == 1]
+            assert active == [], f"false plateau: {active}"
+            rate = sample_value(samples, "volprobe_disk_writes_completed_total", device=device_of(volumes["qd1"]))
+            seen_qd1_rate.append((time.monotonic(), rate))
+            time.sleep(2)
+        (t0, w0), (t1, w1) = seen_qd1_rate[5], seen_qd1_rate[-1]
+        assert 350 < (w1 - w0) / (t1 - t0) < 600, "the qd1 load really ran flat near 500 IOPS"
+    finally:
+        stop.set()
+        burster.join()
+        qd1.kill()
+        qd1.wait()
+    assert exporter.stop() == 0

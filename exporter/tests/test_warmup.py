@@ -1,0 +1,194 @@
+"""Warm-up: every block read once, resumable after kill -9, rate-limited, safe; checked block by block."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from volprobe import warmup
+
+from .conftest import MIB, requires_root, run, sample_value, volprobe_command
+
+
+def test_extents_track_a_low_water_mark_and_the_blocks_above_it():
+    extents = warmup.Extents(10)
+    for block in (0, 1, 3, 4, 7):
+        extents.add(block)
+    assert extents.mark == 2 and extents.above == {3, 4, 7}
+    assert extents.to_list() == [[0, 2], [3, 5], [7, 8]]
+    assert list(extents.pending()) == [2, 5, 6, 8, 9]
+    extents.add(2)
+    assert extents.mark == 5 and extents.above == {7}
+    again = warmup.Extents.from_list(10, extents.to_list())
+    assert again.to_list() == extents.to_list() and len(again) == 6
+
+
+IDENTITY = warmup.Identity("vol-0abc", 64 * MIB, MIB, "read")
+
+
+def test_state_round_trip(tmp_path):
+    path = str(tmp_path / "state.json")
+    extents = warmup.Extents(64)
+    for block in (*range(10), 12):
+        extents.add(block)
+    warmup.save_state(path, IDENTITY, "read", extents)
+    loaded, phase, warning = warmup.load_state(path, IDENTITY, 64)
+    assert warning is None and phase == "read" and loaded.to_list() == [[0, 10], [12, 13]]
+
+
+@pytest.mark.parametrize(
+    ("content", "word"),
+    [
+        ("{not json", "corrupt"),
+        (
+            json.dumps(
+                {
+                    "version": 1,
+                    "identity": {**IDENTITY.to_json(), "device": "vol-other"},
+                    "phase": "read",
+                    "done": [[0, 3]],
+                }
+            ),
+            "belongs to",
+        ),
+        (
+            json.dumps(
+                {"version": 1, "identity": {**IDENTITY.to_json(), "size": 32 * MIB}, "phase": "read", "done": [[0, 3]]}
+            ),
+            "belongs to",
+        ),
+        (json.dumps({"version": 1, "identity": IDENTITY.to_json(), "phase": "read", "done": [[0, 999]]}), "corrupt"),
+        (json.dumps({"version": 1, "identity": IDENTITY.to_json(), "phase": "read", "done": "all"}), "corrupt"),
+        (json.dumps(["something", "else"]), "not a volprobe"),
+    ],
+    ids=["garbage", "other device", "other size", "out of range", "bad extents", "foreign file"],
+)
+def test_corrupt_or_foreign_state_starts_over_with_a_warning(tmp_path, content, word):
+    path = tmp_path / "state.json"
+    path.write_text(content)
+    extents, phase, warning = warmup.load_state(str(path), IDENTITY, 64)
+    assert len(extents) == 0 and phase == "" and word in warning
+
+
+def test_rate_limiter_holds_the_rate():
+    import threading
+
+    limiter = warmup.RateLimiter(8 * MIB)
+    stop = threading.Event()
+    start = time.monotonic()
+    for _ in range(16):
+        limiter.take(MIB, stop)
+    elapsed = time.monotonic() - start
+    assert 1.6 <= elapsed <= 2.2  # 16 MiB at 8 MiB/s, less the quarter-second burst
+
+
+@requires_root
+def test_warmup_cli_reads_every_block(lab_volume, tmp_path):
+    volume = lab_volume(size=32 * MIB, read_latency=0.0005)
+    result = subprocess.run(
+        volprobe_command("warmup", volume.device, "--jobs", "4", "-q"), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "warm: 32MiB" in result.stdout
+    coverage = volume.read_coverage()
+    assert all(count >= 64 * 1024 for count in coverage), "every 64 KiB of the device was read"
+
+
+@requires_root
+def test_warmup_resumes_after_kill_9_with_no_gap_and_one_interval_reread(lab_volume, tmp_path):
+    rate, interval, jobs, block = 16 * MIB, 1.0, 4, MIB
+    volume = lab_volume(size=96 * MIB, read_latency=0.0005)
+    state = tmp_path / "warmup.json"
+    args = [
+        "warmup",
+        volume.device,
+        "--rate",
+        "16MiB",
+        "--jobs",
+        str(jobs),
+        "--block-size",
+        "1MiB",
+        "--state",
+        str(state),
+        "--checkpoint-interval",
+        "1s",
+        "-q",
+    ]
+    first = subprocess.Popen(volprobe_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3.5)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    saved = json.loads(state.read_text())
+    done_before = sum(end - start for start, end in saved["done"]) * block
+    assert 0 < done_before < 96 * MIB
+    second = subprocess.run(volprobe_command(*args), capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert "resumed at" in second.stdout
+    assert json.loads(state.read_text())["phase"] == "done"
+    coverage = volume.read_coverage()
+    unit = 64 * 1024
+    assert all(count >= unit for count in coverage), "no gaps: every block read at least once"
+    reread = sum(count - unit for count in coverage if count > unit)
+    # What was read twice: at most one checkpoint interval's worth, plus the requests in flight at the kill.
+    assert reread <= rate * interval + jobs * block, reread
+    # And a finished job is not redone.
+    third = subprocess.run(volprobe_command(*args), capture_output=True, text=True, timeout=60)
+    assert third.returncode == 0 and volume.read_coverage() == coverage
+
+
+@requires_root
+def test_write_mode_is_refused_on_a_device_with_a_filesystem(make_loop):
+    loop = make_loop(32 * MIB)
+    run("mkfs.ext4", "-q", "-F", loop)
+    result = subprocess.run(volprobe_command("warmup", loop, "--write", "-q"), capture_output=True, text=True)
+    assert result.returncode == 2 and "refusing to write" in result.stderr and "ext4" in result.stderr
+
+
+@requires_root
+def test_write_mode_allocates_a_lazy_volume_then_reads_it(lab_volume):
+    volume = lab_volume(size=32 * MIB, alloc_unit=MIB, lazy=True, first_write_latency=0.005)
+    result = subprocess.run(
+        volprobe_command("warmup", volume.device, "--write", "-q"), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert volume.stats()["allocated_ratio"] == 1.0
+    assert all(count >= 64 * 1024 for count in volume.read_coverage())
+    with open(volume.device, "rb") as f:  # the guard MiBs stay blank, as with raw write probes
+        assert f.read(MIB) == bytes(MIB)
+
+
+@requires_root
+def test_resident_warmup_exports_progress_to_done(tmp_path, lab_volume, start_exporter):
+    volume = lab_volume(size=32 * MIB, read_latency=0.0005)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    config = tmp_path / "volprobe.yml"
+    config.write_text(f"""
+state_directory: {state_dir}
+targets:
+  - name: restored
+    device: {volume.device}
+    warmup: {{mode: read, rate: 8MiB, jobs: 2}}
+""")
+    exporter = start_exporter("--config", str(config))
+    samples = exporter.wait_for(
+        lambda s: 0 < (sample_value(s, "volprobe_warmup_progress_ratio", target="restored") or 0) < 1,
+        what="warm-up under way",
+    )
+    assert sample_value(samples, "volprobe_warmup_state", target="restored", state="running") == 1
+    assert sample_value(samples, "volprobe_warmup_size_bytes", target="restored") == 32 * MIB
+    assert sample_value(samples, "volprobe_warmup_eta_seconds", target="restored") > 0
+    samples = exporter.wait_for(
+        lambda s: sample_value(s, "volprobe_warmup_state", target="restored", state="done") == 1,
+        timeout=30,
+        what="warm-up done",
+    )
+    assert sample_value(samples, "volprobe_warmup_done_bytes", target="restored") == 32 * MIB
+    assert json.loads((state_dir / "warmup-restored.json").read_text())["phase"] == "done"
+    assert exporter.stop() == 0
+    assert os.path.exists(state_dir / "warmup-restored.json")

@@ -1,0 +1,305 @@
+"""Throttling plateau detection from /proc/diskstats, sampled in the background.
+
+A provider's cap shows as a flat ceiling that demand presses against. For each whole disk under a probed
+target, every `sample_interval` (1 s) the sampler records per-second operations and bytes per direction
+(read, write, total), how many requests were in flight on average (Little's law: time spent by requests per
+second) and their average completion time (await). Over the rolling `window` (60 s), a direction is on a
+plateau when all of these hold:
+
+1. enough data: at least MIN_SAMPLES seconds in the window;
+2. a real level: the window's high level H (its 90th percentile) is at least MIN_OPS ops/s (MIN_BYTES for
+   bandwidth), so an idle device is never "flat";
+3. flat: at least FLAT_SHARE of the seconds are within FLAT_TOLERANCE of H;
+4. queueing: on average more than QUEUE_MIN requests were in flight. A single-threaded queue-depth-1
+   workload keeps at most one in flight, so its flat rate (the device's latency bound) never qualifies;
+5. waiting: the average await is at least AWAIT_FACTOR times the device's unloaded service time, the lowest
+   10-second median of volprobe's own probe latency seen so far. N threads at queue depth 1 on an unthrottled
+   device also run flat with N in flight, but each request still takes the unloaded service time.
+
+The ceiling is the median of the seconds inside the flat band. Whether the cap is on IOPS or on bandwidth:
+the flatter of the two signals (lower coefficient of variation over the band) wins; with uniform request
+sizes both are equally flat, and requests of LARGE_REQUEST bytes or more point to a bandwidth cap, smaller
+ones to an IOPS cap; a configured limit that matches the ceiling within 5% settles it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import diskstats
+
+log = logging.getLogger(__name__)
+
+DIRECTIONS = ("read", "write", "total")
+LIMITS = ("iops", "bandwidth")
+MIN_SAMPLES = 15
+MIN_OPS = 10.0
+MIN_BYTES = 1024 * 1024.0
+FLAT_SHARE = 0.75
+FLAT_TOLERANCE = 0.05
+QUEUE_MIN = 1.5
+AWAIT_FACTOR = 1.5
+LARGE_REQUEST = 32 * 1024
+HIGH_QUANTILE = 0.9
+
+
+@dataclass(frozen=True)
+class Second:
+    """One sample: rates over the last interval, per direction."""
+
+    ops: dict[str, float]
+    bytes: dict[str, float]
+    inflight: dict[str, float]  # average requests in flight
+    await_s: dict[str, float]  # average completion time (NaN without completions)
+
+
+def second_between(before: diskstats.DiskStats, after: diskstats.DiskStats, elapsed: float) -> Second | None:
+    """Rates between two diskstats readings of one device; None across a counter reset."""
+    reads = after.reads_completed - before.reads_completed
+    writes = after.writes_completed - before.writes_completed
+    read_ms = after.read_time_ms - before.read_time_ms
+    write_ms = after.write_time_ms - before.write_time_ms
+    read_bytes = after.bytes_read - before.bytes_read
+    write_bytes = after.bytes_written - before.bytes_written
+    if min(reads, writes, read_ms, write_ms, read_bytes, write_bytes) < 0 or elapsed <= 0:
+        return None
+
+    def wait(ms: int, ops: int) -> float:
+        return ms / 1000 / ops if ops else float("nan")
+
+    return Second(
+        ops={"read": reads / elapsed, "write": writes / elapsed, "total": (reads + writes) / elapsed},
+        bytes={
+            "read": read_bytes / elapsed,
+            "write": write_bytes / elapsed,
+            "total": (read_bytes + write_bytes) / elapsed,
+        },
+        inflight={
+            "read": read_ms / 1000 / elapsed,
+            "write": write_ms / 1000 / elapsed,
+            "total": (read_ms + write_ms) / 1000 / elapsed,
+        },
+        await_s={
+            "read": wait(read_ms, reads),
+            "write": wait(write_ms, writes),
+            "total": wait(read_ms + write_ms, reads + writes),
+        },
+    )
+
+
+@dataclass(frozen=True)
+class Plateau:
+    limit: str  # "iops" or "bandwidth"
+    ceiling_ops: float
+    ceiling_bytes: float
+    inflight: float
+    await_s: float
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _flat_band(values: list[float], minimum: float) -> list[int] | None:
+    """Indices of the seconds within FLAT_TOLERANCE of the high level, if they are most of the window."""
+    high = _quantile(values, HIGH_QUANTILE)
+    if high < minimum:
+        return None
+    band = [i for i, v in enumerate(values) if abs(v - high) <= FLAT_TOLERANCE * high]
+    return band if len(band) >= FLAT_SHARE * len(values) else None
+
+
+def _cv(values: list[float]) -> float:
+    mean = statistics.fmean(values)
+    return statistics.pstdev(values) / mean if mean > 0 else float("inf")
+
+
+def evaluate(
+    seconds: list[Second],
+    direction: str,
+    unloaded_s: float | None,
+    limit_ops: float | None = None,
+    limit_bytes: float | None = None,
+) -> Plateau | None:
+    """The plateau of one direction over a window of samples, or None (the rule is in the module docstring)."""
+    if len(seconds) < MIN_SAMPLES:
+        return None
+    ops = [s.ops[direction] for s in seconds]
+    rates = [s.bytes[direction] for s in seconds]
+    ops_band = _flat_band(ops, MIN_OPS)
+    bytes_band = _flat_band(rates, MIN_BYTES)
+    if ops_band is None and bytes_band is None:
+        return None
+    band = ops_band if ops_band is not None else bytes_band
+    assert band is not None
+    inflight = statistics.fmean(seconds[i].inflight[direction] for i in band)
+    waits = [seconds[i].await_s[direction] for i in band if not math.isnan(seconds[i].await_s[direction])]
+    await_s = statistics.fmean(waits) if waits else 0.0
+    if inflight < QUEUE_MIN:
+        return None
+    if unloaded_s is None or await_s < AWAIT_FACTOR * unloaded_s:
+        return None
+    ceiling_ops = statistics.median(ops[i] for i in band)
+    ceiling_bytes = statistics.median(rates[i] for i in band)
+    limit = _which_limit(ops, rates, ops_band, bytes_band, ceiling_ops, ceiling_bytes, limit_ops, limit_bytes)
+    return Plateau(limit, ceiling_ops, ceiling_bytes, inflight, await_s)
+
+
+def _which_limit(ops, rates, ops_band, bytes_band, ceiling_ops, ceiling_bytes, limit_ops, limit_bytes) -> str:
+    if limit_ops and abs(ceiling_ops - limit_ops) <= 0.05 * limit_ops:
+        return "iops"
+    if limit_bytes and abs(ceiling_bytes - limit_bytes) <= 0.05 * limit_bytes:
+        return "bandwidth"
+    if ops_band is None:
+        return "bandwidth"
+    if bytes_band is None:
+        return "iops"
+    band = sorted(set(ops_band) & set(bytes_band)) or ops_band
+    cv_ops, cv_bytes = _cv([ops[i] for i in band]), _cv([rates[i] for i in band])
+    if abs(cv_ops - cv_bytes) > 0.2 * max(cv_ops, cv_bytes, 1e-9):
+        return "iops" if cv_ops < cv_bytes else "bandwidth"
+    return "bandwidth" if ceiling_bytes / max(ceiling_ops, 1e-9) >= LARGE_REQUEST else "iops"
+
+
+@dataclass
+class DeviceState:
+    """What the sampler keeps per device."""
+
+    window: deque[Second]
+    last: diskstats.DiskStats | None = None
+    last_time: float = 0.0
+    plateaus: dict[str, Plateau] = field(default_factory=dict)  # direction -> plateau
+    throttled_seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (limit, direction)
+    # (time, I/Os the device completed, of which probes): for the probes' share of the device's I/O
+    completed_window: deque[tuple[float, int, int]] = field(default_factory=deque)
+
+
+class ThrottleDetector:
+    """Samples diskstats of the given devices in a background thread and keeps their plateau verdicts."""
+
+    def __init__(
+        self,
+        devices: Callable[[], set[str]],
+        unloaded_latency: Callable[[str, str], float | None],
+        limits: Callable[[str], tuple[float | None, float | None]],
+        on_change: Callable[[str, bool], None],
+        probe_completions: Callable[[str], int],
+        proc_root: str | Path = "/proc",
+        sample_interval: float = 1.0,
+        window: float = 60.0,
+    ) -> None:
+        self.devices = devices
+        self.unloaded_latency = unloaded_latency
+        self.limits = limits
+        self.on_change = on_change
+        self.probe_completions = probe_completions
+        self.proc_root = Path(proc_root)
+        self.sample_interval = sample_interval
+        self.window_samples = max(MIN_SAMPLES, round(window / sample_interval))
+        self._states: dict[str, DeviceState] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="throttle detector", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        next_time = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.sample(time.monotonic())
+            except Exception:  # a bad read must not end detection
+                log.exception("throttle sampling failed")
+            next_time += self.sample_interval
+            delay = next_time - time.monotonic()
+            if delay < 0:  # fell behind (suspend, overload): restart the schedule instead of catching up
+                next_time, delay = time.monotonic(), 0
+            self._stop.wait(delay)
+
+    def sample(self, now: float) -> None:
+        """Read diskstats once and update every watched device."""
+        wanted = self.devices()
+        stats = diskstats.read(self.proc_root)
+        with self._lock:
+            for name in list(self._states):
+                if name not in wanted:
+                    del self._states[name]
+            for name in wanted:
+                current = stats.get(name)
+                if current is None:
+                    continue
+                state = self._states.setdefault(name, DeviceState(deque(maxlen=self.window_samples)))
+                if state.last is not None:
+                    second = second_between(state.last, current, now - state.last_time)
+                    if second is None:
+                        state.window.clear()
+                    else:
+                        state.window.append(second)
+                        self._judge(name, state, now - state.last_time)
+                state.last, state.last_time = current, now
+                completed = current.reads_completed + current.writes_completed
+                state.completed_window.append((now, completed, self.probe_completions(name)))
+                while (
+                    state.completed_window
+                    and state.completed_window[0][0] < now - self.window_samples * self.sample_interval
+                ):
+                    state.completed_window.popleft()
+
+    def _judge(self, name: str, state: DeviceState, elapsed: float) -> None:
+        was_throttled = bool(state.plateaus)
+        limit_ops, limit_bytes = self.limits(name)
+        seconds = list(state.window)
+        state.plateaus = {}
+        for direction in DIRECTIONS:
+            plateau = evaluate(seconds, direction, self.unloaded_latency(name, direction), limit_ops, limit_bytes)
+            if plateau is not None:
+                state.plateaus[direction] = plateau
+                key = (plateau.limit, direction)
+                state.throttled_seconds[key] = state.throttled_seconds.get(key, 0.0) + elapsed
+        if bool(state.plateaus) != was_throttled:
+            if state.plateaus:
+                summary = ", ".join(
+                    f"{d} {p.limit} ceiling {p.ceiling_ops:.0f} ops/s {p.ceiling_bytes / 2**20:.1f} MiB/s"
+                    for d, p in state.plateaus.items()
+                )
+                log.warning("%s is throttled: %s", name, summary)
+            else:
+                log.info("%s is no longer throttled", name)
+            self.on_change(name, bool(state.plateaus))
+
+    def snapshot(self) -> dict[str, DeviceState]:
+        """Copies of the per-device verdicts and counters, for scrapes."""
+        with self._lock:
+            return {
+                name: DeviceState(
+                    deque(), None, 0.0, dict(s.plateaus), dict(s.throttled_seconds), deque(s.completed_window)
+                )
+                for name, s in self._states.items()
+            }
+
+    def probe_share(self, name: str) -> float | None:
+        """The share of the device's completed I/Os over the window that were volprobe's probes."""
+        with self._lock:
+            state = self._states.get(name)
+            if state is None or len(state.completed_window) < 2:
+                return None
+            (_, device0, probes0), (_, device1, probes1) = state.completed_window[0], state.completed_window[-1]
+        if device1 <= device0:
+            return None
+        return min(1.0, max(0.0, (probes1 - probes0) / (device1 - device0)))

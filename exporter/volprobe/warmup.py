@@ -1,0 +1,421 @@
+"""Warm-up (volume initialization): read every block of a device once, resumably, at a bounded rate.
+
+Volumes restored from snapshots, and fresh lazily allocated ones, are slow until every block has been touched
+once. This is the AWS initialization procedure (`fio --rw=read --bs=1M --iodepth=32 --direct=1`) as a
+resumable job: `jobs` threads read `block_size` blocks in order with O_DIRECT, optionally at idle I/O
+priority; with mode "write" every block is first written (only on a blank device, under the raw-write
+safety rules), then read.
+
+Progress is checkpointed atomically (write, fsync, rename) every `checkpoint_interval` to a state file: the
+blocks done, as extents. After a crash or kill -9 the job resumes from it and ends with every block read, at
+most one checkpoint interval (plus the blocks in flight) read twice. A state file that is corrupt, or was
+made for another device, size or block size, is reported and the job starts over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import mmap
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from . import safety
+from .config import ConfigError
+from .discovery import Host
+from .probe import WriteData
+from .safety import GUARD_BYTES
+
+log = logging.getLogger(__name__)
+
+STATES = ("pending", "running", "done", "failed")
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a state file must match to be resumed."""
+
+    device: str  # the most stable name available: volume id, WWN, serial, else the path
+    size: int
+    block_size: int
+    mode: str
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "size": self.size, "block_size": self.block_size, "mode": self.mode}
+
+
+@dataclass
+class Progress:
+    """Shared between the workers, the checkpointer and scrapes."""
+
+    size: int  # of the device
+    block_size: int
+    phases: int = 1  # 2 in write mode: every block is written, then read
+    state: str = "pending"
+    phase: str = "read"
+    base_bytes: int = 0  # work of the phases already finished
+    done_blocks: int = 0  # in the current phase
+    resumed_blocks: int = 0
+    started: float = 0.0
+    finished: float = 0.0
+    error: str = ""
+    recent: list[tuple[float, int]] = field(default_factory=list)  # (time, bytes done) for the rate
+
+    @property
+    def nblocks(self) -> int:
+        return -(-self.size // self.block_size)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.size * self.phases
+
+    @property
+    def done_bytes(self) -> int:
+        return self.base_bytes + min(self.size, self.done_blocks * self.block_size)
+
+    @property
+    def ratio(self) -> float:
+        return self.done_bytes / self.total_bytes if self.total_bytes else 1.0
+
+    def rate(self) -> float:
+        """Bytes per second over the last ten seconds or so."""
+        if len(self.recent) < 2:
+            return 0.0
+        (t0, b0), (t1, b1) = self.recent[0], self.recent[-1]
+        return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def eta(self) -> float | None:
+        if self.state == "done":
+            return 0.0
+        rate = self.rate()
+        return (self.total_bytes - self.done_bytes) / rate if rate > 0 else None
+
+
+class Extents:
+    """Blocks done, as a low-water mark (everything below is done) and the done blocks above it.
+
+    Blocks are handed out in order, so the set above the mark stays about as small as the number of jobs.
+    """
+
+    def __init__(self, nblocks: int) -> None:
+        self.nblocks = nblocks
+        self.mark = 0
+        self.above: set[int] = set()
+
+    def add(self, block: int) -> None:
+        if block == self.mark:
+            self.mark += 1
+            while self.mark in self.above:
+                self.above.discard(self.mark)
+                self.mark += 1
+        elif block > self.mark:
+            self.above.add(block)
+
+    def __contains__(self, block: int) -> bool:
+        return block < self.mark or block in self.above
+
+    def __len__(self) -> int:
+        return self.mark + len(self.above)
+
+    def to_list(self) -> list[list[int]]:
+        ranges = [[0, self.mark]] if self.mark else []
+        for block in sorted(self.above):
+            if ranges and ranges[-1][1] == block:
+                ranges[-1][1] = block + 1
+            else:
+                ranges.append([block, block + 1])
+        return ranges
+
+    @classmethod
+    def from_list(cls, nblocks: int, ranges: object) -> Extents:
+        if not isinstance(ranges, list):
+            raise ValueError("extents are not a list")
+        extents = cls(nblocks)
+        for item in ranges:
+            if not (isinstance(item, list) and len(item) == 2 and all(isinstance(v, int) for v in item)):
+                raise ValueError(f"bad extent {item!r}")
+            start, end = item
+            if not 0 <= start < end <= nblocks:
+                raise ValueError(f"extent {item} outside the device's {nblocks} blocks")
+            if start == 0:
+                extents.mark = max(extents.mark, end)
+            else:
+                for block in range(start, end):
+                    extents.add(block)
+        return extents
+
+    def pending(self) -> Iterator[int]:
+        for block in range(self.mark, self.nblocks):
+            if block not in self.above:
+                yield block
+
+
+def load_state(path: str, identity: Identity, nblocks: int) -> tuple[Extents, str, str | None]:
+    """(blocks done, phase, warning). A missing file is a fresh start; a corrupt or foreign one, with a warning."""
+    try:
+        with open(path) as f:
+            document = json.load(f)
+    except FileNotFoundError:
+        return Extents(nblocks), "", None
+    except (OSError, ValueError) as err:
+        return Extents(nblocks), "", f"state file {path} is unreadable or corrupt ({err}); starting over"
+    if not isinstance(document, dict) or document.get("version") != STATE_VERSION:
+        return Extents(nblocks), "", f"state file {path} is not a volprobe warm-up state; starting over"
+    if document.get("identity") != identity.to_json():
+        return (
+            Extents(nblocks),
+            "",
+            (f"state file {path} belongs to {document.get('identity')}, not {identity.to_json()}; starting over"),
+        )
+    try:
+        extents = Extents.from_list(nblocks, document.get("done"))
+    except ValueError as err:
+        return Extents(nblocks), "", f"state file {path} is corrupt ({err}); starting over"
+    phase = document.get("phase", "read")
+    if phase not in ("write", "read", "done"):
+        return Extents(nblocks), "", f"state file {path} has an unknown phase {phase!r}; starting over"
+    return extents, phase, None
+
+
+def save_state(path: str, identity: Identity, phase: str, extents: Extents) -> None:
+    """Atomically replace the state file: a crash leaves the old one or the new one, never half of one."""
+    document = {
+        "version": STATE_VERSION,
+        "identity": identity.to_json(),
+        "phase": phase,
+        "done": extents.to_list(),
+        "saved": int(time.time()),
+    }
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".warmup-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(document, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class RateLimiter:
+    """A token bucket shared by the workers: bytes per second, with a burst of a quarter second."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self._lock = threading.Lock()
+        self._tat = time.monotonic()
+
+    def take(self, nbytes: int, stop: threading.Event) -> None:
+        if not self.rate:
+            return
+        with self._lock:
+            now = time.monotonic()
+            start = max(self._tat - 0.25, now)
+            self._tat = max(self._tat, now) + nbytes / self.rate
+        if start > now:
+            stop.wait(start - now)
+
+
+@dataclass
+class WarmupJob:
+    path: str
+    identity: Identity
+    jobs: int = 4
+    rate: float | None = None
+    state_path: str | None = None
+    idle_priority: bool = True
+    checkpoint_interval: float = 5.0
+    opener: Callable[[int], int] | None = None  # opens the device (flags) -> fd; write mode passes O_EXCL etc.
+    on_progress: Callable[[Progress], None] | None = None
+    progress: Progress = field(init=False)
+
+    def __post_init__(self) -> None:
+        phases = 2 if self.identity.mode == "write" else 1
+        self.progress = Progress(self.identity.size, self.identity.block_size, phases)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _open(self, flags: int) -> int:
+        return self.opener(flags) if self.opener else os.open(self.path, flags | os.O_CLOEXEC)
+
+    def run(self) -> Progress:
+        """Run to the end (or until stop()); returns the final progress. Errors end in state "failed"."""
+        progress = self.progress
+        try:
+            self._run()
+        except Exception as err:
+            progress.state, progress.error = "failed", str(err)
+            log.error("warm-up of %s failed: %s", self.path, err)
+        return progress
+
+    def _run(self) -> None:
+        progress, identity = self.progress, self.identity
+        nblocks = progress.nblocks
+        extents, phase, warning = (
+            load_state(self.state_path, identity, nblocks) if self.state_path else (Extents(nblocks), "", None)
+        )
+        if warning:
+            log.warning("%s", warning)
+        phases = ["write", "read"] if identity.mode == "write" else ["read"]
+        if phase == "done":
+            progress.base_bytes, progress.done_blocks = progress.total_bytes - progress.size, nblocks
+            progress.state, progress.phase = "done", "read"
+            return
+        if phase in phases:
+            progress.base_bytes = phases.index(phase) * progress.size
+            phases = phases[phases.index(phase) :]
+        else:
+            extents = Extents(nblocks)
+        progress.started = time.monotonic()
+        progress.state = "running"
+        for current in phases:
+            progress.phase = current
+            progress.resumed_blocks = len(extents)
+            self._pass(current, extents)
+            if self._stop.is_set():
+                if self.state_path:
+                    save_state(self.state_path, identity, current, extents)
+                progress.state = "pending"
+                return
+            progress.base_bytes += progress.size
+            progress.done_blocks = 0
+            extents = Extents(nblocks)
+        progress.base_bytes -= progress.size
+        progress.done_blocks = nblocks
+        progress.state = "done"
+        progress.finished = time.monotonic()
+        if self.state_path:
+            done = Extents(nblocks)
+            done.mark = nblocks
+            save_state(self.state_path, identity, "done", done)
+
+    def _pass(self, phase: str, extents: Extents) -> None:
+        progress = self.progress
+        progress.done_blocks = len(extents)
+        pending = extents.pending()
+        limiter = RateLimiter(self.rate)
+        errors: list[BaseException] = []
+        flags = os.O_DIRECT | (os.O_RDWR | os.O_DSYNC if phase == "write" else os.O_RDONLY)
+        fd = self._open(flags)
+
+        def worker() -> None:
+            if self.idle_priority:
+                set_idle_priority()
+            buffer = mmap.mmap(-1, progress.block_size)
+            data = WriteData(buffer) if phase == "write" else None
+            zeros = bytes(progress.block_size)
+            try:
+                while not self._stop.is_set():
+                    with self._lock:
+                        block = next(pending, None)
+                    if block is None:
+                        return
+                    offset = block * progress.block_size
+                    length = min(progress.block_size, progress.size - offset)
+                    limiter.take(length, self._stop)
+                    view = memoryview(buffer)[:length]
+                    if data is not None:
+                        data.stamp()
+                        guard = offset < GUARD_BYTES or offset + length > progress.size - GUARD_BYTES
+                        # Keep the first and last MiB blank, as raw write probes do: the device stays free of
+                        # anything that could look like a signature.
+                        done = os.pwritev(fd, [memoryview(zeros)[:length] if guard else view], offset)
+                    else:
+                        done = os.preadv(fd, [view], offset)
+                    if done != length:
+                        raise OSError(f"short {phase} at {offset}: {done} of {length} bytes")
+                    with self._lock:
+                        extents.add(block)
+                        progress.done_blocks += 1
+            except BaseException as err:
+                errors.append(err)
+                self._stop.set()
+
+        threads = [threading.Thread(target=worker, name=f"warm-up {i}", daemon=True) for i in range(self.jobs)]
+        for thread in threads:
+            thread.start()
+        last_checkpoint = time.monotonic()
+        try:
+            while any(t.is_alive() for t in threads):
+                for thread in threads:
+                    thread.join(0.2)
+                now = time.monotonic()
+                with self._lock:
+                    progress.recent.append((now, progress.done_bytes))
+                    while len(progress.recent) > 2 and progress.recent[0][0] < now - 10:
+                        progress.recent.pop(0)
+                    snapshot = Extents(extents.nblocks)
+                    snapshot.mark, snapshot.above = extents.mark, set(extents.above)
+                if self.on_progress:
+                    self.on_progress(progress)
+                if self.state_path and now - last_checkpoint >= self.checkpoint_interval:
+                    save_state(self.state_path, self.identity, phase, snapshot)
+                    last_checkpoint = now
+        finally:
+            os.close(fd)
+        if errors:
+            if self.state_path:
+                save_state(self.state_path, self.identity, phase, extents)
+            raise errors[0]
+
+
+def set_idle_priority() -> None:
+    """Idle I/O class for the calling thread only (ioprio is per thread on Linux), so production comes first."""
+    try:
+        import psutil
+
+        psutil.Process(threading.get_native_id()).ionice(psutil.IOPRIO_CLASS_IDLE)
+    except Exception as err:  # not Linux, or not permitted: run at normal priority
+        log.debug("idle I/O priority not available: %s", err)
+
+
+def job_for(
+    host: Host,
+    path: str,
+    mode: str,
+    block_size: int,
+    jobs: int,
+    rate: float | None,
+    state_path: str | None,
+    idle_priority: bool,
+    checkpoint_interval: float = 5.0,
+    key: str = "warmup",
+) -> WarmupJob:
+    """A warm-up job on a device, after the same checks as probes (and as raw writes, in write mode)."""
+    name = host.device_for_path(path)
+    device = host.device(name) if name else None
+    if device is None or not os.path.exists(path):
+        raise ConfigError([f"{key}: {path} is not a block device"])
+    if block_size % device.logical_block_size:
+        raise ConfigError(
+            [f"{key}: block size {block_size} is not a multiple of the logical block size {device.logical_block_size}"]
+        )
+    opener = None
+    if mode == "write":
+        refusal = safety.raw_write_refusal(host, device)
+        if refusal:
+            raise ConfigError([f"{key}: refusing to write: {path} ({device.name}) {refusal}"])
+
+        def opener(flags: int) -> int:
+            return os.open(path, flags | os.O_EXCL | os.O_CLOEXEC)
+
+    stable = device.volume_id or device.wwn or device.serial or os.path.realpath(path)
+    identity = Identity(stable, device.size_bytes, block_size, mode)
+    return WarmupJob(path, identity, jobs, rate, state_path, idle_priority, checkpoint_interval, opener)
