@@ -84,7 +84,7 @@ def test_rate_limiter_holds_the_rate():
     for _ in range(16):
         limiter.take(MIB, stop)
     elapsed = time.monotonic() - start
-    assert 1.6 <= elapsed <= 2.2  # 16 MiB at 8 MiB/s, less the quarter-second burst
+    assert 1.8 <= elapsed <= 2.3  # the 16th MiB may start at 15/8 s, less the 0.05 s burst
 
 
 @requires_root
@@ -156,7 +156,7 @@ def test_write_mode_allocates_a_lazy_volume_then_reads_it(lab_volume):
         volprobe_command("warmup", volume.device, "--write", "-q"), capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    assert volume.stats()["allocated_ratio"] == 1.0
+    assert volume.fresh_stats()["allocated_ratio"] == 1.0
     assert all(count >= 64 * 1024 for count in volume.read_coverage())
     with open(volume.device, "rb") as f:  # the guard MiBs stay blank, as with raw write probes
         assert f.read(MIB) == bytes(MIB)
@@ -177,8 +177,9 @@ targets:
 """)
     exporter = start_exporter("--config", str(config))
     samples = exporter.wait_for(
-        lambda s: 0 < (sample_value(s, "volprobe_warmup_progress_ratio", target="restored") or 0) < 1,
-        what="warm-up under way",
+        lambda s: 0 < (sample_value(s, "volprobe_warmup_progress_ratio", target="restored") or 0) < 0.9
+        and sample_value(s, "volprobe_warmup_eta_seconds", target="restored") is not None,
+        what="warm-up under way, with an ETA",
     )
     assert sample_value(samples, "volprobe_warmup_state", target="restored", state="running") == 1
     assert sample_value(samples, "volprobe_warmup_size_bytes", target="restored") == 32 * MIB

@@ -212,7 +212,9 @@ def save_state(path: str, identity: Identity, phase: str, extents: Extents) -> N
 
 
 class RateLimiter:
-    """A token bucket shared by the workers: bytes per second, with a burst of a quarter second."""
+    """A token bucket shared by the workers: bytes per second, with a burst of BURST_S seconds."""
+
+    BURST_S = 0.05
 
     def __init__(self, rate: float | None) -> None:
         self.rate = rate
@@ -224,7 +226,7 @@ class RateLimiter:
             return
         with self._lock:
             now = time.monotonic()
-            start = max(self._tat - 0.25, now)
+            start = max(self._tat - self.BURST_S, now)
             self._tat = max(self._tat, now) + nbytes / self.rate
         if start > now:
             stop.wait(start - now)
@@ -320,7 +322,7 @@ class WarmupJob:
                 set_idle_priority()
             buffer = mmap.mmap(-1, progress.block_size)
             data = WriteData(buffer) if phase == "write" else None
-            zeros = bytes(progress.block_size)
+            zeros = memoryview(mmap.mmap(-1, progress.block_size))  # aligned, as O_DIRECT needs
             try:
                 while not self._stop.is_set():
                     with self._lock:
@@ -336,7 +338,7 @@ class WarmupJob:
                         guard = offset < GUARD_BYTES or offset + length > progress.size - GUARD_BYTES
                         # Keep the first and last MiB blank, as raw write probes do: the device stays free of
                         # anything that could look like a signature.
-                        done = os.pwritev(fd, [memoryview(zeros)[:length] if guard else view], offset)
+                        done = os.pwritev(fd, [zeros[:length] if guard else view], offset)
                     else:
                         done = os.preadv(fd, [view], offset)
                     if done != length:
@@ -351,11 +353,13 @@ class WarmupJob:
         threads = [threading.Thread(target=worker, name=f"warm-up {i}", daemon=True) for i in range(self.jobs)]
         for thread in threads:
             thread.start()
-        last_checkpoint = time.monotonic()
+        next_checkpoint = time.monotonic() + self.checkpoint_interval
         try:
             while any(t.is_alive() for t in threads):
+                # Wake for progress every 0.2 s, and exactly on time for checkpoints.
+                deadline = time.monotonic() + min(0.2, max(0.0, next_checkpoint - time.monotonic()))
                 for thread in threads:
-                    thread.join(0.2)
+                    thread.join(max(0.0, deadline - time.monotonic()))
                 now = time.monotonic()
                 with self._lock:
                     progress.recent.append((now, progress.done_bytes))
@@ -365,9 +369,9 @@ class WarmupJob:
                     snapshot.mark, snapshot.above = extents.mark, set(extents.above)
                 if self.on_progress:
                     self.on_progress(progress)
-                if self.state_path and now - last_checkpoint >= self.checkpoint_interval:
+                if self.state_path and now >= next_checkpoint:
                     save_state(self.state_path, self.identity, phase, snapshot)
-                    last_checkpoint = now
+                    next_checkpoint += self.checkpoint_interval
         finally:
             os.close(fd)
         if errors:
