@@ -177,8 +177,10 @@ targets:
 """)
     exporter = start_exporter("--config", str(config))
     samples = exporter.wait_for(
-        lambda s: 0 < (sample_value(s, "volprobe_warmup_progress_ratio", target="restored") or 0) < 0.9
-        and sample_value(s, "volprobe_warmup_eta_seconds", target="restored") is not None,
+        lambda s: (
+            0 < (sample_value(s, "volprobe_warmup_progress_ratio", target="restored") or 0) < 0.9
+            and sample_value(s, "volprobe_warmup_eta_seconds", target="restored") is not None
+        ),
         what="warm-up under way, with an ETA",
     )
     assert sample_value(samples, "volprobe_warmup_state", target="restored", state="running") == 1
