@@ -216,7 +216,7 @@ def up(
     if unknown:
         raise ValueError(f"unknown settings: {', '.join(sorted(unknown))}")
     (volume.dir / "mnt").mkdir(parents=True)
-    control = {**DEFAULTS, **settings, "lazy": False}
+    control = dict(DEFAULTS)  # the model's settings apply after calibration, which must see a plain device
     (volume.dir / "control.json").write_text(json.dumps(control, indent=1))
     state = {"name": name, "size": size, "alloc_unit": alloc_unit, "created": time.time()}
     (volume.dir / "state.json").write_text(json.dumps(state))

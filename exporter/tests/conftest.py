@@ -198,3 +198,71 @@ def start_exporter(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
 
 def have(tool: str) -> bool:
     return shutil.which(tool) is not None
+
+
+@dataclass
+class RunningPrometheus:
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+
+    def api(self, path: str, **params: str) -> object:
+        import json
+        import urllib.parse
+
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list:
+        return self.api("query", query=expr)["result"]
+
+    def alerts(self) -> list[dict]:
+        return self.api("alerts")["alerts"]
+
+
+@pytest.fixture
+def start_prometheus(tmp_path: Path) -> Iterator[Callable[..., RunningPrometheus]]:
+    """start_prometheus(config_text) runs Debian's prometheus on a free loopback port until it is ready."""
+    running: list[RunningPrometheus] = []
+
+    def start(config_text: str) -> RunningPrometheus:
+        directory = tmp_path / f"prometheus-{len(running)}"
+        directory.mkdir()
+        (directory / "prometheus.yml").write_text(config_text)
+        port = free_port()
+        log_path = directory / "log"
+        log_file = open(log_path, "w")  # noqa: SIM115 - the child keeps it
+        process = subprocess.Popen(
+            [
+                "prometheus",
+                f"--config.file={directory / 'prometheus.yml'}",
+                f"--storage.tsdb.path={directory / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+        server = RunningPrometheus(process, port, log_path)
+        running.append(server)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise AssertionError(f"prometheus exited:\n{log_path.read_text()}")
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1).read()
+                return server
+            time.sleep(0.2)
+        raise AssertionError(f"prometheus not ready:\n{log_path.read_text()}")
+
+    yield start
+    for server in running:
+        server.process.terminate()
+        try:
+            server.process.wait(20)
+        except subprocess.TimeoutExpired:
+            server.process.kill()

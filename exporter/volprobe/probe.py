@@ -312,6 +312,7 @@ class ProbeWorker:
         self.completed = 0
         self.errors: dict[str, int] = {}
         self.last_error = ""
+        self._last_logged = 0.0
 
     # -- control ------------------------------------------------------------------------------------
 
@@ -357,9 +358,13 @@ class ProbeWorker:
     def _count_error(self, name: str, detail: str) -> None:
         with self._lock:
             self.errors[name] = self.errors.get(name, 0) + 1
-        if detail != self.last_error:
-            log.warning("probe %s %s: %s", self.name, self.op, detail)
-        self.last_error = detail
+            count = self.errors[name]
+        now = time.monotonic()
+        # A failing device fails every probe: log a new kind of error at once, the same one once a minute.
+        if name != self.last_error or now - self._last_logged >= 60:
+            log.warning("probe %s %s: %s (%d so far)", self.name, self.op, detail, count)
+            self._last_logged = now
+        self.last_error = name
 
     def _backoff_ns(self, failures: int) -> int:
         return int(min(self.interval_s * 2**failures, MAX_ERROR_BACKOFF_S) * 1e9)

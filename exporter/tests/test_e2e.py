@@ -1,0 +1,181 @@
+"""End to end: lab volumes, the real exporter, a real Prometheus loading the generated rules (rendered with
+test-sized windows), alerts checked through Prometheus's API, and every dashboard query run against it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from volprobe import mixin
+from volprobe.mixin import rules
+
+from .conftest import MIB, REPO, requires_root
+from .test_mixin import panels, substitute
+
+pytestmark = requires_root
+
+TEST_SIZED = {
+    "rate_window": "30s",
+    "daily_window": "5m",
+    "baseline_window": "2m",
+    "latency_objective_for": "10s",
+    "regression_for": "6s",
+    # The lab's latency wobbles by a millisecond or two under this test's load; the raise below is +7 ms.
+    "regression_min_increase": "3ms",
+    "throttle_for": "10s",
+    "limit_for": "10s",
+    "stall_threshold": "5s",
+    "stall_for": "0s",
+    "errors_for": "0s",
+    "missing_window": "1m",
+    "missing_for": "10s",
+    "exporter_down_for": "10s",
+    "warmup_stall_window": "1m",
+    "warmup_stall_for": "10s",
+}
+
+
+def firing(alerts: list[dict], name: str, **labels: str) -> bool:
+    return any(
+        a["labels"].get("alertname") == name
+        and a["state"] == "firing"
+        and all(a["labels"].get(k) == v for k, v in labels.items())
+        for a in alerts
+    )
+
+
+def test_alerts_fire_where_they_should_and_dashboards_have_data(tmp_path, lab_volume, start_exporter, start_prometheus):
+    volumes = {
+        "healthy": lab_volume(size=64 * MIB, read_latency=0.0005, write_latency=0.0005),
+        "capped": lab_volume(size=64 * MIB, read_latency=0.001, iops_limit=300),
+        "stalled": lab_volume(size=64 * MIB, read_latency=0.0005),
+        "regress": lab_volume(size=64 * MIB, read_latency=0.001, write_latency=0.001),
+        "flaky": lab_volume(size=64 * MIB, read_latency=0.0005, fail_reads=0.3),
+        "warm": lab_volume(size=64 * MIB, read_latency=0.0005),
+    }
+    devices = {name: Path(v.device).name for name, v in volumes.items()}
+    state = tmp_path / "state"
+    state.mkdir()
+    config = tmp_path / "volprobe.yml"
+    rw = "probes: [{op: read, interval: 200ms}, {op: write, interval: 200ms}], allow_raw_writes: true"
+    ro = "probes: [{op: read, interval: 200ms}]"
+    config.write_text(f"""
+state_directory: {state}
+defaults: {{window: 1m}}
+targets:
+  - {{name: healthy, device: {volumes["healthy"].device}, {rw}}}
+  - {{name: capped, device: {volumes["capped"].device}, {ro}, limits: {{iops: 300, bandwidth: 100MiB}}}}
+  - {{name: stalled, device: {volumes["stalled"].device}, {ro}}}
+  - {{name: regress, device: {volumes["regress"].device}, {rw}}}
+  - {{name: flaky, device: {volumes["flaky"].device}, {ro}}}
+  - {{name: warm, device: {volumes["warm"].device}, {ro}, warmup: {{mode: read, rate: 128KiB, jobs: 1}}}}
+""")
+    exporter = start_exporter("--config", str(config))
+    rules_path = tmp_path / "volprobe-rules.yml"
+    rules_path.write_text(rules.render(mixin.from_mapping(TEST_SIZED)))
+    prometheus = start_prometheus(f"""
+global: {{scrape_interval: 2s, evaluation_interval: 2s}}
+rule_files: [{rules_path}]
+scrape_configs:
+  - job_name: volprobe
+    static_configs: [{{targets: ["127.0.0.1:{exporter.port}"]}}]
+""")
+    # The detector learns the unloaded latency from the probes: let them see the capped volume idle first.
+    exporter.wait_for(
+        lambda s: (
+            sum(v for labels, v in s.get("volprobe_probe_latency_seconds_count", []) if labels["target"] == "capped")
+            >= 12
+        ),
+        what="probes of the idle capped volume",
+    )
+    load = subprocess.Popen(
+        [
+            "fio",
+            "--name=load",
+            f"--filename={volumes['capped'].device}",
+            "--direct=1",
+            "--ioengine=libaio",
+            "--iodepth=16",
+            "--rw=randread",
+            "--bs=4k",
+            "--time_based",
+            "--runtime=400",
+            "--output=/dev/null",
+        ],
+    )
+    started = time.monotonic()
+    expected = {
+        "throttled": ("VolprobeThrottled", {"device": devices["capped"], "limit": "iops"}),
+        "stalled": ("VolprobeProbeStalled", {"target": "stalled"}),
+        "regression": ("VolprobeLatencyRegression", {"target": "regress"}),
+        "errors": ("VolprobeProbeErrors", {"target": "flaky", "errno": "EIO"}),
+    }
+    seen: dict[str, float] = {}
+    stalled = raised = False
+
+    try:
+        while set(seen) != set(expected) and time.monotonic() - started < 240:
+            elapsed = time.monotonic() - started
+            if not stalled and elapsed > 40:
+                volumes["stalled"].set(stall=True)
+                stalled = True
+            if not raised and elapsed > 75:  # baseline window (2m) half full of the healthy latency
+                volumes["regress"].set(read_latency=0.008, write_latency=0.008)
+                raised = True
+            alerts = prometheus.alerts()
+            quiet = [
+                a
+                for a in alerts
+                if a["state"] == "firing"
+                and (a["labels"].get("target") == "healthy" or a["labels"].get("device") == devices["healthy"])
+            ]
+            assert quiet == [], f"an alert on the healthy volume: {quiet}"
+            for key, (name, labels) in expected.items():
+                if key not in seen and firing(alerts, name, **labels):
+                    seen[key] = elapsed
+            time.sleep(2)
+        if set(seen) != set(expected):
+            capped = [line for line in exporter.get().splitlines() if devices["capped"] in line]
+            raise AssertionError(
+                f"fired: {seen}; alerts: {json.dumps(prometheus.alerts())[:3000]}\ncapped: {capped}\n"
+                f"log: {exporter.log()[-3000:]}"
+            )
+        check_dashboards(prometheus, exporter.port, devices)
+    finally:
+        volumes["stalled"].set(stall=False)
+        load.kill()
+        load.wait()
+    assert exporter.stop() == 0
+
+
+def check_dashboards(prometheus, port: int, devices: dict[str, str]) -> None:
+    """Every query of every dashboard returns data for some choice of its variables."""
+    choices = []
+    for (target, device), op in itertools.product(devices.items(), ("write", "read")):
+        choices.append(
+            {
+                "$job": "volprobe",
+                "$instance": f"127.0.0.1:{port}",
+                "$target": target,
+                "$device": device,
+                "$disk": device,
+                "$op": op,
+                "$baseline": "healthy",
+                "$candidate": "regress",
+                "$__rate_interval": "30s",
+                "$__range": "3m",
+                "$__interval": "2s",
+                "${datasource}": "prometheus",
+            }
+        )
+    empty = []
+    for path in sorted((REPO / "dashboards").glob("*.json")):
+        model = json.loads(path.read_text())
+        for panel in panels(model):
+            for target in panel.get("targets", []):
+                if not any(prometheus.query(substitute(target["expr"], values)) for values in choices):
+                    empty.append(f"{path.stem} / {panel['title']} / {target['refId']}: {target['expr']}")
+    assert empty == [], "queries without data:\n" + "\n".join(empty)

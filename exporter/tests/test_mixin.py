@@ -1,0 +1,204 @@
+"""Rules and dashboards: generated from one configuration, committed, linted, and checked with real promtool."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+import yaml
+
+from volprobe import mixin
+from volprobe.config import ConfigError
+from volprobe.mixin import __main__ as generator
+from volprobe.mixin import rules
+
+from .conftest import REPO
+
+DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
+RANGE_FUNCTIONS = re.compile(r"\b(rate|irate|increase|deriv|delta|changes)\(([^()]|\([^()]*\))*?\[([^\]]+)\]")
+# What each variable becomes when a query is checked for syntax.
+SUBSTITUTIONS = {
+    "${datasource}": "prometheus",
+    "$__rate_interval": "1m",
+    "$__range": "1d",
+    "$__interval": "1m",
+    "$job": "volprobe",
+    "$instance": "host:10130",
+    "$target": "pgdata",
+    "$baseline": "aws",
+    "$candidate": "azure",
+    "$device": "nvme1n1",
+    "$disk": "nvme1n1",
+    "$op": "write",
+}
+
+
+def substitute(expr: str, values: dict[str, str] = SUBSTITUTIONS) -> str:
+    for variable in sorted(values, key=len, reverse=True):
+        expr = expr.replace(variable, values[variable])
+    return expr
+
+
+def panels(model: dict) -> list[dict]:
+    found = []
+    for panel in model.get("panels", []):
+        found.append(panel)
+        found.extend(panel.get("panels", []))
+    return found
+
+
+def test_committed_files_match_the_generator():
+    for relative, text in generator.outputs(None).items():
+        committed = (REPO / relative).read_text()
+        assert committed == text, f"{relative} is stale: run `python -m volprobe.mixin --out .` and commit"
+    names = {p.name for p in (REPO / "dashboards").glob("*.json")}
+    assert names == {"volprobe-fleet.json", "volprobe-volume.json", "volprobe-warmup.json", "volprobe-migration.json"}
+
+
+def test_promtool_checks_the_rules():
+    result = subprocess.run(
+        ["promtool", "check", "rules", str(REPO / "alerts" / "volprobe-rules.yml")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_pass():
+    tests = sorted(str(p) for p in (REPO / "alerts" / "tests").glob("*.yml"))
+    result = subprocess.run(["promtool", "test", "rules", *tests], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_severity_summary_description_runbook_and_a_unit_test():
+    document = yaml.safe_load((REPO / "alerts" / "volprobe-rules.yml").read_text())
+    alerts = {r["alert"]: r for g in document["groups"] for r in g["rules"] if "alert" in r}
+    expected = {
+        "VolprobeLatencyHigh",
+        "VolprobeLatencyRegression",
+        "VolprobeThrottled",
+        "VolprobeNearProvisionedLimit",
+        "VolprobeProbeStalled",
+        "VolprobeProbeErrors",
+        "VolprobeProbesMissing",
+        "VolprobeExporterDown",
+        "VolprobeWarmupStalled",
+    }
+    assert set(alerts) == expected
+    runbook = (REPO / "alerts" / "runbook.md").read_text()
+    tested = "".join(p.read_text() for p in (REPO / "alerts" / "tests").glob("*.yml"))
+    for name, rule in alerts.items():
+        assert rule["labels"]["severity"] in ("warning", "critical")
+        annotations = rule["annotations"]
+        assert (annotations["summary"] and "{{ $value" in annotations["description"]) or name in (
+            "VolprobeProbesMissing",
+            "VolprobeExporterDown",
+            "VolprobeWarmupStalled",
+        )
+        assert annotations["runbook_url"].endswith(f"#{name.lower()}")
+        assert f"\n## {name}\n" in runbook, f"no runbook section for {name}"
+        assert f"alertname: {name}" in tested, f"no promtool test for {name}"
+
+
+def test_mixin_configuration_changes_thresholds_and_rejects_unknown_keys(tmp_path):
+    path = tmp_path / "mixin.yml"
+    path.write_text("latency_objective: {read: 5ms, write: 2ms}\nregression_factor: 3\nselector: 'job=\"vp\"'\n")
+    text = rules.render(mixin.load(path))
+    assert 'op="write"} > 0.002' in text and 'op="read"} > 0.005' in text
+    assert "> 3 * target_op" in text and 'job="vp"' in text and 'job="volprobe"' not in text
+    path.write_text("latency_objectiv: {read: 5ms}\nthrottle_for: soon\n")
+    with pytest.raises(ConfigError) as caught:
+        mixin.load(path)
+    assert any("latency_objectiv: unknown key" in p for p in caught.value.problems)
+    assert any("throttle_for" in p for p in caught.value.problems)
+
+
+def test_regeneration_is_one_command(tmp_path):
+    config = tmp_path / "mixin.yml"
+    config.write_text("dashboard_uid_prefix: acme\n")
+    result = subprocess.run(
+        [
+            str(REPO / ".venv" / "bin" / "python"),
+            "-m",
+            "volprobe.mixin",
+            "--config",
+            str(config),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "dashboards" / "volprobe-volume.json").read_text())["uid"] == "acme-volume"
+    assert (tmp_path / "alerts" / "volprobe-rules.yml").exists()
+
+
+# -- dashboard lint, in the spirit of grafana/dashboard-linter -------------------------------------------------
+
+
+@pytest.fixture(params=DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
+def model(request) -> dict:
+    return json.loads(request.param.read_text())
+
+
+def test_datasource_variable_used_by_every_panel_and_target(model):
+    variables = {v["name"]: v for v in model["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for panel in panels(model):
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+    for variable in variables.values():
+        if variable["type"] == "query":
+            assert variable["datasource"]["uid"] == "${datasource}"
+
+
+def test_job_and_instance_variables(model):
+    variables = {v["name"]: v for v in model["templating"]["list"]}
+    assert "job" in variables and "instance" in variables
+    for panel in panels(model):
+        for target in panel.get("targets", []):
+            if "volprobe_" in target["expr"] or "target_op:" in target["expr"]:
+                assert "$job" in target["expr"] and "$instance" in target["expr"], target["expr"]
+
+
+def test_rates_use_rate_interval(model):
+    for panel in panels(model):
+        for target in panel.get("targets", []):
+            for match in RANGE_FUNCTIONS.finditer(target["expr"]):
+                window = match.group(3)
+                allowed = {"$__rate_interval"} | ({"$__range"} if target.get("instant") else set())
+                assert window in allowed, f"{panel['title']}: {match.group(0)}"
+
+
+def test_unique_panel_ids_refids_and_legends(model):
+    ids = [p["id"] for p in panels(model)]
+    assert len(ids) == len(set(ids)) and all(isinstance(i, int) and i > 0 for i in ids)
+    for panel in panels(model):
+        refs = [t["refId"] for t in panel.get("targets", [])]
+        assert refs and all(refs) and len(refs) == len(set(refs)), panel["title"]
+        if panel["type"] in ("timeseries", "barchart", "state-timeline"):
+            assert panel["options"]["legend"]["showLegend"] is True, panel["title"]
+
+
+def test_every_query_parses_with_promtool(model, tmp_path):
+    rules_file = {"groups": [{"name": "dashboard", "rules": []}]}
+    for panel in panels(model):
+        for target in panel.get("targets", []):
+            record = f"dashboard:query:{panel['id']}_{target['refId'].lower()}"
+            rules_file["groups"][0]["rules"].append({"record": record, "expr": substitute(target["expr"])})
+    for variable in model["templating"]["list"]:
+        if variable["type"] == "query":
+            inner = re.fullmatch(r"label_values\((.*), *\w+\)", variable["query"])
+            assert inner, variable["query"]
+            rules_file["groups"][0]["rules"].append(
+                {"record": f"dashboard:variable:{variable['name']}", "expr": substitute(inner.group(1))}
+            )
+    path = tmp_path / "queries.yml"
+    path.write_text(yaml.safe_dump(rules_file))
+    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "$" not in path.read_text(), "every variable was substituted"

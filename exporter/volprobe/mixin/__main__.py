@@ -1,0 +1,44 @@
+"""python -m volprobe.mixin [--config FILE] [--out DIR]: write alerts/volprobe-rules.yml and dashboards/*.json."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..config import ConfigError
+from . import load, rules
+
+
+def outputs(config_path: str | None) -> dict[str, str]:
+    """Relative path -> content of every generated file."""
+    from . import dashboards  # needs grafana-foundation-sdk (the "mixin" extra)
+
+    config = load(config_path)
+    files = {"alerts/volprobe-rules.yml": rules.render(config)}
+    for name, text in dashboards.render_all(config).items():
+        files[f"dashboards/{name}"] = text
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m volprobe.mixin", description=__doc__)
+    parser.add_argument("--config", help="YAML with the mixin keys to change (see volprobe/mixin/__init__.py)")
+    parser.add_argument("--out", default=".", help="directory holding alerts/ and dashboards/ (default .)")
+    args = parser.parse_args(argv)
+    try:
+        files = outputs(args.config)
+    except ConfigError as err:
+        for problem in err.problems:
+            print(f"volprobe.mixin: {problem}", file=sys.stderr)
+        return 2
+    for relative, text in files.items():
+        path = Path(args.out) / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,617 @@
+"""Grafana dashboards, built with grafana-foundation-sdk (pinned 0.0.21) from a MixinConfig.
+
+Four dashboards: Fleet (every volume, worst first), Volume (one volume in depth), Warm-up, and Migration
+(two volumes side by side over days). Every panel and query uses the `datasource` variable; rates use
+$__rate_interval; panel ids and refIds are set explicitly; legends are shown.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from grafana_foundation_sdk.builders import (
+    barchart,
+    bargauge,
+    common,
+    dashboard,
+    heatmap,
+    prometheus,
+    stat,
+    statetimeline,
+    table,
+    timeseries,
+)
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    DataTransformerConfig,
+    GridPos,
+    VariableRefresh,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+from . import MixinConfig
+from .rules import recorded
+
+DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
+BASE = 'job=~"$job", instance=~"$instance"'
+TARGET = f'{BASE}, target="$target"'
+LATENCY = "volprobe_probe_latency_seconds"
+
+
+class Layout:
+    """Places panels left to right in rows of 24 units; ids count up from 1."""
+
+    def __init__(self) -> None:
+        self.x = self.y = 0
+        self.row_height = 0
+        self.next_id = 1
+
+    def place(self, width: int, height: int) -> tuple[int, GridPos]:
+        if self.x + width > 24:
+            self.x, self.y = 0, self.y + self.row_height
+            self.row_height = 0
+        position = GridPos(h=height, w=width, x=self.x, y=self.y)
+        self.x += width
+        self.row_height = max(self.row_height, height)
+        panel_id, self.next_id = self.next_id, self.next_id + 1
+        return panel_id, position
+
+
+def query(ref: str, expr: str, legend: str = "", instant: bool = False, fmt: PromQueryFormat | None = None):
+    q = prometheus.Dataquery().ref_id(ref).expr(expr).datasource(DS)
+    if legend:
+        q = q.legend_format(legend)
+    if instant:
+        q = q.instant()
+    if fmt is not None:
+        q = q.format(fmt)
+    return q
+
+
+def legend(*calcs: str):
+    return (
+        common.VizLegendOptions()
+        .show_legend(True)
+        .display_mode(cm.LegendDisplayMode.TABLE if calcs else cm.LegendDisplayMode.LIST)
+        .placement(cm.LegendPlacement.BOTTOM)
+        .calcs(list(calcs))
+    )
+
+
+def series(
+    layout: Layout,
+    title: str,
+    unit: str,
+    targets: Iterable,
+    width: int = 12,
+    height: int = 8,
+    description: str = "",
+    calcs: tuple[str, ...] = ("mean", "max"),
+):
+    panel_id, position = layout.place(width, height)
+    panel = (
+        timeseries.Panel()
+        .id(panel_id)
+        .title(title)
+        .datasource(DS)
+        .unit(unit)
+        .grid_pos(position)
+        .legend(legend(*calcs))
+        .line_width(1)
+        .fill_opacity(10)
+    )
+    if description:
+        panel = panel.description(description)
+    for target in targets:
+        panel = panel.with_target(target)
+    return panel
+
+
+def variables(d, *extra):
+    d = d.with_variable(dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    d = d.with_variable(
+        dashboard.QueryVariable("job")
+        .label("job")
+        .datasource(DS)
+        .query("label_values(volprobe_build_info, job)")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True)
+        .include_all(True)
+    )
+    d = d.with_variable(
+        dashboard.QueryVariable("instance")
+        .label("instance")
+        .datasource(DS)
+        .query('label_values(volprobe_build_info{job=~"$job"}, instance)')
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True)
+        .include_all(True)
+    )
+    for variable in extra:
+        d = d.with_variable(variable)
+    return d
+
+
+def target_variable(name: str, label: str, hide: bool = False):
+    variable = (
+        dashboard.QueryVariable(name)
+        .label(label)
+        .datasource(DS)
+        .query(f"label_values(volprobe_target_info{{{BASE}}}, target)")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+    )
+    return variable
+
+
+def base(c: MixinConfig, name: str, title: str, description: str):
+    return (
+        dashboard.Dashboard(title)
+        .uid(f"{c.dashboard_uid_prefix}-{name}")
+        .tags(list(c.dashboard_tags))
+        .description(description)
+        .refresh("1m")
+        .time("now-6h", "now")
+        .timezone("browser")
+        .editable()
+    )
+
+
+def quantile(q: float, selector: str, by: str = "op") -> str:
+    return f"histogram_quantile({q}, sum by ({by}, le) (rate({LATENCY}_bucket{{{selector}}}[$__rate_interval])))"
+
+
+# -- Fleet ----------------------------------------------------------------------------------------------------
+
+
+def fleet(c: MixinConfig):
+    layout = Layout()
+    d = variables(base(c, "fleet", "volprobe / Fleet", "Every probed volume: latency, throttling, errors, warm-up."))
+    by = "instance, target, device"
+
+    def p(q: float, op: str) -> str:
+        return (
+            f"histogram_quantile({q}, sum by ({by}, le) "
+            f'(rate({LATENCY}_bucket{{{BASE}, op="{op}"}}[$__rate_interval])))'
+        )
+
+    panel_id, position = layout.place(24, 10)
+    worst = (
+        table.Panel()
+        .id(panel_id)
+        .title("Volumes, worst write p99 first")
+        .datasource(DS)
+        .grid_pos(position)
+        .description("One row per volume. Throttled: the disk sits on a provider cap. Zero reads: thin blocks.")
+        .with_target(query("A", p(0.99, "write"), instant=True, fmt=PromQueryFormat.TABLE))
+        .with_target(query("B", p(0.5, "write"), instant=True, fmt=PromQueryFormat.TABLE))
+        .with_target(query("C", p(0.99, "read"), instant=True, fmt=PromQueryFormat.TABLE))
+        .with_target(query("D", p(0.5, "read"), instant=True, fmt=PromQueryFormat.TABLE))
+        .with_target(
+            query(
+                "E",
+                f"max by ({by}) (volprobe_target_info{{{BASE}}} * on (job, instance, device) group_left () "
+                f"max by (job, instance, device) (volprobe_throttle_active{{{BASE}}}))",
+                instant=True,
+                fmt=PromQueryFormat.TABLE,
+            )
+        )
+        .with_target(
+            query(
+                "F",
+                f"sum by ({by}) (increase(volprobe_probe_errors_total{{{BASE}}}[$__rate_interval]))",
+                instant=True,
+                fmt=PromQueryFormat.TABLE,
+            )
+        )
+        .with_target(
+            query(
+                "G",
+                f"max by ({by}) (volprobe_warmup_progress_ratio{{{BASE}}})",
+                instant=True,
+                fmt=PromQueryFormat.TABLE,
+            )
+        )
+        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
+        .with_transformation(
+            DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {"Time": True},
+                    "renameByName": {
+                        "Value #A": "write p99",
+                        "Value #B": "write p50",
+                        "Value #C": "read p99",
+                        "Value #D": "read p50",
+                        "Value #E": "throttled",
+                        "Value #F": "errors",
+                        "Value #G": "warm-up",
+                    },
+                },
+            )
+        )
+        .sort_by([common.TableSortByFieldState().display_name("write p99").desc(True)])
+        .unit("s")
+    )
+    d = d.with_panel(worst)
+    d = d.with_panel(
+        series(layout, "Write p99 by volume", "s", [query("A", p(0.99, "write"), "{{instance}} {{target}}")])
+    )
+    d = d.with_panel(
+        series(layout, "Read p99 by volume", "s", [query("A", p(0.99, "read"), "{{instance}} {{target}}")])
+    )
+    for title, expr, unit in (
+        (
+            "Throttled disks",
+            f"sum(max by (instance, device) (volprobe_throttle_active{{{BASE}}})) or vector(0)",
+            "none",
+        ),
+        (
+            "Failing probes",
+            f"count(sum by (instance, target, op) (increase(volprobe_probe_errors_total{{{BASE}}}[$__rate_interval])) > 0)"
+            " or vector(0)",
+            "none",
+        ),
+        ("Warm-ups running", f'sum(volprobe_warmup_state{{{BASE}, state="running"}}) or vector(0)', "none"),
+        ("Stuck probes", f"count(volprobe_probe_inflight_seconds{{{BASE}}} > 30) or vector(0)", "none"),
+    ):
+        panel_id, position = layout.place(6, 4)
+        d = d.with_panel(
+            stat.Panel()
+            .id(panel_id)
+            .title(title)
+            .datasource(DS)
+            .grid_pos(position)
+            .unit(unit)
+            .with_target(query("A", expr))
+        )
+    return d
+
+
+# -- Volume ---------------------------------------------------------------------------------------------------
+
+
+def volume(c: MixinConfig):
+    layout = Layout()
+    device_var = (
+        dashboard.QueryVariable("device")
+        .label("device")
+        .datasource(DS)
+        .query(f"label_values(volprobe_target_info{{{TARGET}}}, device)")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+    )
+    disk_var = (
+        dashboard.QueryVariable("disk")
+        .label("disk")
+        .datasource(DS)
+        .query(f"label_values(volprobe_target_info{{{TARGET}}}, disks)")
+        .regex("/^([^,]+)/")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+    )
+    d = variables(
+        base(c, "volume", "volprobe / Volume", "One volume in depth: probe latency, diskstats, throttling."),
+        target_variable("target", "target"),
+        device_var,
+        disk_var,
+    )
+    dev = f'{BASE}, device="$device"'
+    disk = f'{BASE}, device="$disk"'
+    panel_id, position = layout.place(24, 8)
+    d = d.with_panel(
+        heatmap.Panel()
+        .id(panel_id)
+        .title("Probe latency distribution")
+        .datasource(DS)
+        .grid_pos(position)
+        .description("Share of probes per latency bucket over time (all ops).")
+        .with_target(
+            query(
+                "A",
+                f"sum by (le) (increase({LATENCY}_bucket{{{TARGET}}}[$__rate_interval]))",
+                "{{le}}",
+                fmt=PromQueryFormat.HEATMAP,
+            )
+        )
+        .unit("s")
+    )
+    d = d.with_panel(
+        series(
+            layout,
+            "Percentiles per op",
+            "s",
+            [
+                query("A", quantile(0.5, TARGET), "p50 {{op}}"),
+                query("B", quantile(0.99, TARGET), "p99 {{op}}"),
+                query("C", quantile(0.999, TARGET), "p99.9 {{op}}"),
+            ],
+            description="From the histogram buckets over $__rate_interval.",
+        )
+    )
+    d = d.with_panel(
+        series(
+            layout,
+            "First vs repeat touch (p50 over the recent window)",
+            "s",
+            [
+                query("A", f'volprobe_probe_latency_recent_seconds{{{TARGET}, quantile="0.5"}}', "{{op}} {{touch}}"),
+            ],
+            description="First-touch probes go to offsets never probed: on thin or restored volumes they pay allocation.",
+        )
+    )
+    d = d.with_panel(
+        series(
+            layout,
+            "IOPS, with the throttle ceiling and the provisioned limit",
+            "iops",
+            [
+                query("A", f"rate(volprobe_disk_reads_completed_total{{{dev}}}[$__rate_interval])", "reads {{device}}"),
+                query(
+                    "B", f"rate(volprobe_disk_writes_completed_total{{{dev}}}[$__rate_interval])", "writes {{device}}"
+                ),
+                query("C", f"volprobe_throttle_ceiling_ops_per_second{{{disk}}}", "ceiling {{dir}} {{device}}"),
+                query("D", f"volprobe_limit_ops_per_second{{{TARGET}}}", "limit"),
+            ],
+        )
+    )
+    d = d.with_panel(
+        series(
+            layout,
+            "Throughput, with the throttle ceiling and the provisioned limit",
+            "Bps",
+            [
+                query("A", f"rate(volprobe_disk_read_bytes_total{{{dev}}}[$__rate_interval])", "read {{device}}"),
+                query("B", f"rate(volprobe_disk_written_bytes_total{{{dev}}}[$__rate_interval])", "written {{device}}"),
+                query("C", f"volprobe_throttle_ceiling_bytes_per_second{{{disk}}}", "ceiling {{dir}} {{device}}"),
+                query("D", f"volprobe_limit_bytes_per_second{{{TARGET}}}", "limit"),
+            ],
+        )
+    )
+    d = d.with_panel(
+        series(
+            layout,
+            "Await (all requests, from diskstats)",
+            "s",
+            [
+                query(
+                    "A",
+                    f"rate(volprobe_disk_read_time_seconds_total{{{dev}}}[$__rate_interval]) / "
+                    f"rate(volprobe_disk_reads_completed_total{{{dev}}}[$__rate_interval])",
+                    "read",
+                ),
+                query(
+                    "B",
+                    f"rate(volprobe_disk_write_time_seconds_total{{{dev}}}[$__rate_interval]) / "
+                    f"rate(volprobe_disk_writes_completed_total{{{dev}}}[$__rate_interval])",
+                    "write",
+                ),
+            ],
+        )
+    )
+    d = d.with_panel(
+        series(
+            layout,
+            "Queue depth",
+            "short",
+            [
+                query("A", f"rate(volprobe_disk_io_time_weighted_seconds_total{{{dev}}}[$__rate_interval])", "average"),
+                query("B", f"volprobe_disk_io_now{{{dev}}}", "in flight at scrape"),
+            ],
+        )
+    )
+    d = d.with_panel(
+        series(
+            layout,
+            "Age of the probe in flight",
+            "s",
+            [
+                query("A", f'volprobe_probe_inflight_seconds{{{BASE}, target="$target"}}', "{{op}}"),
+            ],
+            description="Grows while a probe is stuck in the kernel: the volume hangs.",
+        )
+    )
+    d = d.with_panel(
+        series(
+            layout,
+            "Probe errors, missed slots and zero reads",
+            "short",
+            [
+                query(
+                    "A",
+                    f"sum by (op, errno) (increase(volprobe_probe_errors_total{{{TARGET}}}[$__rate_interval]))",
+                    "errors {{op}} {{errno}}",
+                ),
+                query(
+                    "B",
+                    f"sum by (op) (increase(volprobe_probe_missed_total{{{TARGET}}}[$__rate_interval]))",
+                    "missed {{op}}",
+                ),
+                query("C", f"increase(volprobe_probe_zero_reads_total{{{TARGET}}}[$__rate_interval])", "zero reads"),
+            ],
+        )
+    )
+    d = d.with_panel(
+        series(
+            layout,
+            "Probes' share of the disk's I/O, and the probe interval",
+            "percentunit",
+            [
+                query("A", f"volprobe_probe_share_ratio{{{disk}}}", "share {{device}}"),
+            ],
+            description="volprobe backs off 10x while the disk is throttled.",
+        )
+    )
+    return d
+
+
+# -- Warm-up --------------------------------------------------------------------------------------------------
+
+
+def warmup(c: MixinConfig):
+    layout = Layout()
+    d = variables(base(c, "warmup", "volprobe / Warm-up", "Volume initialization: progress, ETA, first-touch penalty."))
+    panel_id, position = layout.place(12, 8)
+    d = d.with_panel(
+        bargauge.Panel()
+        .id(panel_id)
+        .title("Progress per volume")
+        .datasource(DS)
+        .grid_pos(position)
+        .unit("percentunit")
+        .min(0)
+        .max(1)
+        .with_target(query("A", f"volprobe_warmup_progress_ratio{{{BASE}}}", "{{instance}} {{target}}"))
+    )
+    panel_id, position = layout.place(12, 8)
+    d = d.with_panel(
+        table.Panel()
+        .id(panel_id)
+        .title("Time to warm")
+        .datasource(DS)
+        .grid_pos(position)
+        .unit("s")
+        .with_target(query("A", f"volprobe_warmup_eta_seconds{{{BASE}}}", instant=True, fmt=PromQueryFormat.TABLE))
+        .with_transformation(
+            DataTransformerConfig(
+                id_val="organize",
+                options={
+                    "excludeByName": {"Time": True, "__name__": True, "job": True},
+                    "renameByName": {"Value": "ETA"},
+                },
+            )
+        )
+    )
+    d = d.with_panel(
+        series(
+            layout,
+            "Warm-up throughput",
+            "Bps",
+            [
+                query("A", f"deriv(volprobe_warmup_done_bytes{{{BASE}}}[$__rate_interval])", "{{instance}} {{target}}"),
+            ],
+        )
+    )
+    panel_id, position = layout.place(12, 8)
+    d = d.with_panel(
+        statetimeline.Panel()
+        .id(panel_id)
+        .title("State")
+        .datasource(DS)
+        .grid_pos(position)
+        .with_target(query("A", f"volprobe_warmup_state{{{BASE}}} == 1", "{{target}} {{state}}"))
+        .legend(legend())
+    )
+    d = d.with_panel(
+        series(
+            layout,
+            "First-touch penalty (first / repeat p50)",
+            "x",
+            [
+                query(
+                    "A",
+                    f'volprobe_probe_latency_recent_seconds{{{BASE}, touch="first", quantile="0.5"}}\n'
+                    f"  / ignoring (touch) "
+                    f'volprobe_probe_latency_recent_seconds{{{BASE}, touch="repeat", quantile="0.5"}}',
+                    "{{instance}} {{target}} {{op}}",
+                ),
+            ],
+            width=24,
+            description="Falls towards 1 as the volume warms: first touches stop costing more than repeats.",
+        )
+    )
+    return d
+
+
+# -- Migration ------------------------------------------------------------------------------------------------
+
+
+def migration(c: MixinConfig):
+    layout = Layout()
+    op_var = dashboard.CustomVariable("op").label("op").values("write,read")
+    d = variables(
+        base(
+            c,
+            "migration",
+            "volprobe / Migration",
+            "Is the candidate volume as good as the baseline? Same probe spec, side by side over days.",
+        ),
+        target_variable("baseline", "baseline"),
+        target_variable("candidate", "candidate"),
+        op_var,
+    )
+    d = d.time("now-14d", "now")
+    sides = (("baseline", "$baseline"), ("candidate", "$candidate"))
+    for name in ("p50", "p99", "p999"):
+        d = d.with_panel(
+            series(
+                layout,
+                f"Daily {name}: baseline vs candidate",
+                "s",
+                [
+                    query(ref, f'max({recorded(name + "_daily")}{{{BASE}, target="{value}", op="$op"}})', side)
+                    for ref, (side, value) in zip("AB", sides, strict=True)
+                ],
+                width=8,
+                description=f"{name} of each day's probes (recorded over {c.daily_window}).",
+            )
+        )
+    d = d.with_panel(
+        series(
+            layout,
+            "Candidate / baseline, daily",
+            "x",
+            [
+                query(
+                    ref,
+                    f'max({recorded(name + "_daily")}{{{BASE}, target="$candidate", op="$op"}}) / '
+                    f'max({recorded(name + "_daily")}{{{BASE}, target="$baseline", op="$op"}})',
+                    name,
+                )
+                for ref, name in zip("ABC", ("p50", "p99", "p999"), strict=True)
+            ],
+            width=12,
+            description="Above 1: the candidate is slower.",
+        )
+    )
+    panel_id, position = layout.place(12, 8)
+    overlay = (
+        barchart.Panel()
+        .id(panel_id)
+        .title("Cumulative latency distribution over the range: baseline vs candidate")
+        .datasource(DS)
+        .grid_pos(position)
+        .x_field("le")
+        .legend(legend())
+        .description(
+            "Share of probes at or under each latency bucket bound, over the dashboard's time range: "
+            "the candidate's bars lower than the baseline's mean slower probes."
+        )
+    )
+    for ref, (side, value) in zip("AB", sides, strict=True):
+        selector = f'{BASE}, target="{value}", op="$op"'
+        overlay = overlay.with_target(
+            query(
+                ref,
+                f"sum by (le) (increase({LATENCY}_bucket{{{selector}}}[$__range])) / ignoring (le) group_left "
+                f"sum(increase({LATENCY}_count{{{selector}}}[$__range]))",
+                side,
+                instant=True,
+                fmt=PromQueryFormat.TABLE,
+            )
+        )
+    overlay = overlay.with_transformation(DataTransformerConfig(id_val="merge", options={}))
+    d = d.with_panel(overlay)
+    return d
+
+
+BUILDERS = {"fleet": fleet, "volume": volume, "warmup": warmup, "migration": migration}
+
+
+def render_all(c: MixinConfig) -> dict[str, str]:
+    """File name -> JSON text of every dashboard."""
+    result = {}
+    for name, build in BUILDERS.items():
+        model = build(c).build()
+        result[f"volprobe-{name}.json"] = json.dumps(model, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+    return result

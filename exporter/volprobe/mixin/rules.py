@@ -1,0 +1,271 @@
+"""Prometheus recording and alerting rules, generated from a MixinConfig. Written for Prometheus 2.42+:
+no 3.x-only functions, no query_offset."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from .. import units
+from . import MixinConfig
+
+LATENCY = "volprobe_probe_latency_seconds"
+BY_PROBE = "job, instance, target, device, op"
+QUANTILES = (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
+
+
+def recorded(name: str) -> str:
+    """Names of the recorded latency series, e.g. target_op:volprobe_probe_latency_seconds:p99."""
+    return f"target_op:{LATENCY}:{name}"
+
+
+def _seconds_text(value: str) -> str:
+    return f"{units.parse_duration(value):g}"
+
+
+def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = []
+    buckets = f"{LATENCY}_bucket{{{c.selector}}}"
+    for name, q in QUANTILES:
+        rules.append(
+            {
+                "record": recorded(name),
+                "expr": f"histogram_quantile({q}, sum by ({BY_PROBE}, le) (rate({buckets}[{c.rate_window}])))",
+            }
+        )
+    for name, q in QUANTILES:
+        rules.append(
+            {
+                "record": recorded(f"{name}_daily"),
+                "expr": f"histogram_quantile({q}, sum by ({BY_PROBE}, le) (increase({buckets}[{c.daily_window}])))",
+            }
+        )
+    rules.append(
+        {
+            "record": recorded("p99_baseline"),
+            "expr": f"quantile_over_time(0.5, {recorded('p99')}[{c.baseline_window}])",
+        }
+    )
+    rules.append(
+        {
+            "record": f"target_op:{LATENCY}:rate",
+            "expr": f"sum by ({BY_PROBE}) (rate({LATENCY}_count{{{c.selector}}}[{c.rate_window}]))",
+        }
+    )
+    rules.append(
+        {
+            "record": "device:volprobe_disk_ops:rate",
+            "expr": (
+                f"sum by (job, instance, device) (rate(volprobe_disk_reads_completed_total{{{c.selector}}}[{c.rate_window}])"
+                f" + rate(volprobe_disk_writes_completed_total{{{c.selector}}}[{c.rate_window}]))"
+            ),
+        }
+    )
+    rules.append(
+        {
+            "record": "device:volprobe_disk_bytes:rate",
+            "expr": (
+                f"sum by (job, instance, device) (rate(volprobe_disk_read_bytes_total{{{c.selector}}}[{c.rate_window}])"
+                f" + rate(volprobe_disk_written_bytes_total{{{c.selector}}}[{c.rate_window}]))"
+            ),
+        }
+    )
+    return rules
+
+
+def _alert(c: MixinConfig, name: str, expr: str, duration: str, severity: str, summary: str, description: str):
+    return {
+        "alert": name,
+        "expr": expr,
+        "for": duration,
+        "labels": {"severity": severity},
+        "annotations": {
+            "summary": summary,
+            "description": description,
+            "runbook_url": c.runbook_url.format(anchor=name.lower()),
+        },
+    }
+
+
+WHERE = "{{ $labels.target }} ({{ $labels.device }}) on {{ $labels.instance }}"
+
+
+def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
+    sel = c.selector
+    rules = []
+    objectives = sorted(c.latency_objective.items())
+    shown = (
+        "".join(
+            f'{{{{ {"if" if i == 0 else "else if"} eq $labels.op "{op}" }}}}{objective}'
+            for i, (op, objective) in enumerate(objectives)
+        )
+        + "{{ end }}"
+    )
+    rules.append(
+        _alert(
+            c,
+            "VolprobeLatencyHigh",
+            "\nor ".join(
+                f'{recorded("p99")}{{{sel}, op="{op}"}} > {_seconds_text(objective)}' for op, objective in objectives
+            ),
+            c.latency_objective_for,
+            "warning",
+            "Volume latency above its objective.",
+            f"The p99 of queue-depth-1 {{{{ $labels.op }}}} probes of {WHERE} is {{{{ $value | humanizeDuration }}}} over "
+            f"the last {c.rate_window}, above the {shown} objective.",
+        )
+    )
+    factor, increase = c.regression_factor, _seconds_text(c.regression_min_increase)
+    rules.append(
+        _alert(
+            c,
+            "VolprobeLatencyRegression",
+            f"{recorded('p99')}{{{sel}}} > {factor:g} * {recorded('p99_baseline')}{{{sel}}}\n"
+            f"and {recorded('p99')}{{{sel}}} - {recorded('p99_baseline')}{{{sel}}} > {increase}",
+            c.regression_for,
+            "warning",
+            "Volume latency regressed against its own baseline.",
+            f"The p99 of {{{{ $labels.op }}}} probes of {WHERE} is {{{{ $value | humanizeDuration }}}}, more than "
+            f"{factor:g}x its baseline (the median p99 of the last {c.baseline_window}) and at least "
+            f"{c.regression_min_increase} above it.",
+        )
+    )
+    plateau = " or\n".join(
+        f"({metric}{{{sel}}}\n  * on (job, instance, device, dir) group_left (limit)\n"
+        f'  (volprobe_throttle_active{{{sel}, limit="{limit}"}} == 1))'
+        for limit, metric in (
+            ("iops", "volprobe_throttle_ceiling_ops_per_second"),
+            ("bandwidth", "volprobe_throttle_ceiling_bytes_per_second"),
+        )
+    )
+    rules.append(
+        _alert(
+            c,
+            "VolprobeThrottled",
+            plateau,
+            c.throttle_for,
+            "warning",
+            "Volume pinned at a flat ceiling: a provider cap.",
+            "{{ $labels.device }} on {{ $labels.instance }} has been flat at "
+            '{{ if eq $labels.limit "iops" }}{{ $value | humanize }} IOPS{{ else }}{{ $value | humanize1024 }}B/s{{ end }}'
+            f" ({{{{ $labels.dir }}}}) with requests queueing for {c.throttle_for}: it is throttled at its "
+            "{{ $labels.limit }} limit, and its latency includes the queue.",
+        )
+    )
+    near = " or\n".join(
+        f"label_replace(\n  {recorded_rate}{{{sel}}}\n  / on (job, instance, device)\n  max by (job, instance, device) "
+        f'({metric}{{{sel}}})\n  > {c.limit_ratio:g},\n  "limit", "{limit}", "", "")'
+        for limit, recorded_rate, metric in (
+            ("iops", "device:volprobe_disk_ops:rate", "volprobe_limit_ops_per_second"),
+            ("bandwidth", "device:volprobe_disk_bytes:rate", "volprobe_limit_bytes_per_second"),
+        )
+    )
+    rules.append(
+        _alert(
+            c,
+            "VolprobeNearProvisionedLimit",
+            near,
+            c.limit_for,
+            "warning",
+            "Volume near its provisioned limit.",
+            "{{ $labels.device }} on {{ $labels.instance }} runs at {{ $value | humanizePercentage }} of its provisioned "
+            f"{{{{ $labels.limit }}}} limit over {c.rate_window}.",
+        )
+    )
+    rules.append(
+        _alert(
+            c,
+            "VolprobeProbeStalled",
+            f"volprobe_probe_inflight_seconds{{{sel}}} > {_seconds_text(c.stall_threshold)}",
+            c.stall_for,
+            "critical",
+            "A probe has been stuck in the kernel: the volume does not answer.",
+            "A {{ $labels.op }} probe of {{ $labels.target }} on {{ $labels.instance }} has been in flight "
+            "for {{ $value | humanizeDuration }}: I/O to this volume hangs.",
+        )
+    )
+    rules.append(
+        _alert(
+            c,
+            "VolprobeProbeErrors",
+            f"sum by (job, instance, target, device, op, errno) "
+            f"(increase(volprobe_probe_errors_total{{{sel}}}[{c.rate_window}])) > 0",
+            c.errors_for,
+            "warning",
+            "Probes of a volume fail.",
+            f"{{{{ $value | humanize }}}} {{{{ $labels.op }}}} probes of {WHERE} failed with {{{{ $labels.errno }}}} "
+            f"in the last {c.rate_window}.",
+        )
+    )
+    rules.append(
+        _alert(
+            c,
+            "VolprobeProbesMissing",
+            f"sum by (job, instance, target, device, op) (increase({LATENCY}_count{{{sel}}}[{c.missing_window}])) == 0\n"
+            f"and on (job, instance) up{{{sel}}} == 1\n"
+            # only probes that already existed a whole window ago: a fresh start is not "missing"
+            f"and on (job, instance, target, device, op)\n"
+            f"  sum by (job, instance, target, device, op) ({LATENCY}_count{{{sel}}} offset {c.missing_window})",
+            c.missing_for,
+            "warning",
+            "The exporter is up but a probe produced no sample.",
+            f"The {{{{ $labels.op }}}} probe of {WHERE} completed no request in {c.missing_window} while the "
+            f"exporter is up.",
+        )
+    )
+    rules.append(
+        _alert(
+            c,
+            "VolprobeExporterDown",
+            f"up{{{sel}}} == 0",
+            c.exporter_down_for,
+            "critical",
+            "volprobe is down: its volumes are not watched.",
+            f"volprobe on {{{{ $labels.instance }}}} has not been scraped successfully for {c.exporter_down_for}.",
+        )
+    )
+    rules.append(
+        _alert(
+            c,
+            "VolprobeWarmupStalled",
+            f'volprobe_warmup_state{{{sel}, state="running"}} == 1\n'
+            f"and on (job, instance, target, device) changes(volprobe_warmup_done_bytes{{{sel}}}[{c.warmup_stall_window}])"
+            f" == 0\n"
+            f"and on (job, instance, target, device) volprobe_warmup_done_bytes{{{sel}}} offset {c.warmup_stall_window}",
+            c.warmup_stall_for,
+            "warning",
+            "A volume warm-up makes no progress.",
+            f"The warm-up of {WHERE} is running but has read nothing for {c.warmup_stall_window}.",
+        )
+    )
+    return rules
+
+
+def document(c: MixinConfig) -> dict[str, Any]:
+    groups: list[dict[str, Any]] = [
+        {"name": "volprobe.rules", "rules": recording_rules(c)},
+        {"name": "volprobe.alerts", "rules": alerting_rules(c)},
+    ]
+    if c.interval:
+        for group in groups:
+            group["interval"] = c.interval
+            group.update({"rules": group.pop("rules")})
+    return {"groups": groups}
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def render(c: MixinConfig) -> str:
+    header = "# Generated by `python -m volprobe.mixin`: edit the mixin configuration, not this file.\n"
+    return header + yaml.dump(document(c), Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
