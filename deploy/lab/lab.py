@@ -385,8 +385,12 @@ if pytest is not None:
 
     @pytest.fixture(scope="session", autouse=True)
     def clean_stale_test_volumes():
-        """Volumes of earlier, killed test runs are torn down by name before any test starts."""
-        down_all(prefix="pytest-")
+        """Volumes of earlier, killed test runs are torn down by name before any test starts; those of a test
+        run still going (its pid is in the name) are left alone."""
+        for name in names(prefix="pytest-"):
+            pid = name.split("-")[1]
+            if not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
+                down(name)
         yield
 
 

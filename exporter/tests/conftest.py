@@ -167,7 +167,7 @@ def start_exporter(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
     """start_exporter(*args) runs `volprobe *args` on a free loopback port until /-/ready answers."""
     running: list[RunningExporter] = []
 
-    def start(*args: str, ready_timeout: float = 30.0) -> RunningExporter:
+    def start(*args: str, ready_timeout: float = 30.0, tls: bool = False) -> RunningExporter:
         port = free_port()
         log_path = tmp_path / f"exporter-{len(running)}.log"
         log_file = open(log_path, "w")  # noqa: SIM115 - closed with the process
@@ -184,7 +184,10 @@ def start_exporter(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
             if process.poll() is not None:
                 raise AssertionError(f"exporter exited with {process.returncode}:\n{log_path.read_text()}")
             with contextlib.suppress(OSError):
-                exporter.get("/-/ready", timeout=1)
+                if tls:  # readiness over plain HTTP is not possible: wait for the listener
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                else:
+                    exporter.get("/-/ready", timeout=1)
                 return exporter
             time.sleep(0.1)
         raise AssertionError(f"exporter not ready:\n{log_path.read_text()}")

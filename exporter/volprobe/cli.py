@@ -143,29 +143,48 @@ def run_exporter(argv: Sequence[str]) -> int:
     except ConfigError as err:
         server.server_close()
         return _report(err)
-    if not exporter.probes:
+    if not exporter.probes and config.discovery is None:
         log.warning("no targets: nothing to probe (give --config or --target)")
 
-    stop = threading.Event()
+    wake = threading.Event()
+    requests: list[str] = []
 
     def on_signal(signum: int, _frame: object) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
+        requests.append(signal.Signals(signum).name)
+        wake.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True)
     serving.start()
     server.ready.set()
     log.info("volprobe %s listening on %s (%d probes)", __version__, args.listen, len(exporter.probes))
-    while not stop.wait(3600):
-        pass
+    while True:
+        wake.wait()
+        wake.clear()
+        pending, requests[:] = list(requests), []
+        if any(name != "SIGHUP" for name in pending):
+            log.info("received %s, shutting down", pending[-1])
+            break
+        reload_config(args, exporter)
     stuck = exporter.stop()
     server.shutdown()
     server.server_close()
     if stuck:
         log.warning("probes still blocked in the kernel at exit: %s", ", ".join(stuck))
     return 0
+
+
+def reload_config(args: argparse.Namespace, exporter: Exporter) -> None:
+    """SIGHUP: read the configuration again and apply it; a bad one is logged and the running one kept."""
+    if not args.config:
+        log.warning("SIGHUP: no --config file to reload (targets came from the command line or the default)")
+        return
+    log.info("SIGHUP: reloading %s", args.config)
+    try:
+        exporter.reload(load(args.config))
+    except ConfigError as err:
+        log.error("configuration %s rejected, keeping the running one: %s", args.config, " | ".join(err.problems))
 
 
 # -- check-config ------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from . import __version__, diskstats, probe
 from .detectors import DIRECTIONS, LIMITS
+from .discovery import kubernetes_volume
 from .runtime import Exporter
 from .stats import SUMMARY_QUANTILES, TOUCHES
 from .warmup import STATES
@@ -203,7 +204,7 @@ class VolprobeCollector(Collector):
         targets, _ = self.exporter.snapshot()
         info = GaugeMetricFamily(
             "volprobe_target_info",
-            "Identity of a probed target and its block device.",
+            "Identity of a probed target and its block device (pv and pod_uid: a Kubernetes volume's, from its path).",
             labels=[
                 "target",
                 "device",
@@ -217,12 +218,16 @@ class VolprobeCollector(Collector):
                 "mountpoint",
                 "fstype",
                 "disks",
+                "pv",
+                "pod_uid",
             ],
         )
         size = GaugeMetricFamily("volprobe_device_size_bytes", "Size of a probed block device.", labels=["device"])
         seen: set[str] = set()
         for target in targets:
             d = target.device
+            mountpoint = target.mount.mount_point if target.mount else ""
+            pv, pod = kubernetes_volume(target.path, mountpoint)
             info.add_metric(
                 [
                     target.name,
@@ -234,9 +239,11 @@ class VolprobeCollector(Collector):
                     d.vendor,
                     d.wwn,
                     d.volume_id,
-                    target.mount.mount_point if target.mount else "",
+                    mountpoint,
                     target.mount.fstype if target.mount else "",
                     ",".join(target.disks),
+                    pv,
+                    pod,
                 ],
                 1,
             )

@@ -29,6 +29,7 @@ DEFAULT_REVISIT = 0.25
 DEFAULT_PROBE_FILE_SIZE = 64 * 1024**2
 DEFAULT_BLOCK_SIZE = {"read": 4096, "write": 8192}
 PROBE_FILE_NAME = ".volprobe-probe"
+BUILTIN = "<built-in default>"
 
 
 class ConfigError(Exception):
@@ -108,6 +109,11 @@ class Config:
     discovery: DiscoveryConfig | None = None
     state_directory: str | None = None
     source: str = "<default>"
+
+    @property
+    def builtin(self) -> bool:
+        """No configuration and no --target: volprobe probes every whole disk of the machine, read-only."""
+        return self.source == BUILTIN
 
 
 class _Checker:
@@ -488,4 +494,4 @@ def from_paths(paths: list[str]) -> Config:
             targets.append(target)
     if check.problems:
         raise ConfigError(check.problems)
-    return Config(targets=tuple(targets), source="--target")
+    return Config(targets=tuple(targets), source="--target" if paths else BUILTIN)

@@ -102,6 +102,29 @@ def parse_mountinfo(text: str) -> list[Mount]:
     return mounts
 
 
+_KUBELET_PATTERNS = [
+    # Filesystem volumes: .../pods/<pod uid>/volumes/kubernetes.io~<plugin>/<pv>[/mount]
+    re.compile(r"/pods/(?P<pod>[0-9a-f-]{36})/volumes/kubernetes\.io~[^/]+/(?P<pv>[^/]+)(?:/mount)?(?:/|$)"),
+    # Raw block volumes: .../pods/<pod uid>/volumeDevices/kubernetes.io~<plugin>/<pv>
+    re.compile(r"/pods/(?P<pod>[0-9a-f-]{36})/volumeDevices/kubernetes\.io~[^/]+/(?P<pv>[^/]+)(?:/|$)"),
+    # CSI block volumes as published: .../csi/volumeDevices/publish/<pv>/<pod uid>
+    re.compile(r"/csi/volumeDevices/publish/(?P<pv>[^/]+)/(?P<pod>[0-9a-f-]{36})(?:/|$)"),
+    # CSI staging (older kubelets): .../kubernetes.io/csi/pv/<pv>/globalmount
+    re.compile(r"/kubernetes\.io/csi/pv/(?P<pv>[^/]+)/globalmount(?:/|$)"),
+]
+
+
+def kubernetes_volume(*paths: str) -> tuple[str, str]:
+    """(PersistentVolume name, pod UID) of the first kubelet volume path among `paths`, or ("", "")."""
+    for path in paths:
+        for pattern in _KUBELET_PATTERNS:
+            match = pattern.search(path or "")
+            if match:
+                groups = match.groupdict()
+                return groups.get("pv") or "", groups.get("pod") or ""
+    return "", ""
+
+
 def ebs_volume_id(serial: str) -> str:
     """AWS EBS NVMe serials are the volume id without its dash: vol0123... -> vol-0123..."""
     match = re.fullmatch(r"vol-?([0-9a-f]{8,17})", serial.strip())

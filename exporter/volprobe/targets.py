@@ -41,6 +41,7 @@ class ResolvedTarget:
     mount: Mount | None = None
     probe_file: str | None = None
     fds: dict[str, int] = field(default_factory=dict)  # op -> descriptor opened by prepare()
+    discovered: bool = False  # added by discovery, not named in the configuration
 
     @property
     def probes(self) -> tuple[ProbeConfig, ...]:
@@ -148,7 +149,7 @@ def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) ->
 def resolve(config: Config, host: Host, targets: list[TargetConfig] | None = None) -> list[ResolvedTarget]:
     """Resolve the config's targets (or the default set); ConfigError lists every problem."""
     chosen = list(config.targets) if targets is None else targets
-    if not chosen and targets is None and config.discovery is None:
+    if targets is None and config.builtin:
         chosen = default_config_targets(host)
     problems: list[str] = []
     resolved: list[ResolvedTarget] = []

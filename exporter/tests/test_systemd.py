@@ -1,0 +1,58 @@
+"""The systemd units: `systemd-analyze verify` clean, and `systemd-analyze security` exposure at most 2.5."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO
+
+UNITS = REPO / "systemd"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A root with the system's own units (for the dependencies verify follows) and the paths the units use:
+    verify checks that ExecStart binaries exist, and volprobe is not installed system-wide here."""
+    shutil.copytree("/lib/systemd/system", tmp_path / "lib/systemd/system", symlinks=True)
+    for binary in ("usr/local/bin/volprobe", "bin/kill"):
+        path = tmp_path / binary
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+    (tmp_path / "etc/systemd/system").mkdir(parents=True)
+    for unit in UNITS.glob("*.service"):
+        shutil.copy(unit, tmp_path / "etc/systemd/system" / unit.name)
+    return tmp_path
+
+
+@pytest.mark.parametrize("unit", ["volprobe.service", "volprobe-warmup@dev-nvme1n1.service"])
+def test_systemd_analyze_verify_is_clean(root, unit):
+    result = subprocess.run(["systemd-analyze", "verify", f"--root={root}", f"/etc/systemd/system/{unit}"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("unit", ["volprobe.service", "volprobe-warmup@.service"])
+def test_security_exposure_at_most_2_5(tmp_path, unit):
+    path = tmp_path / unit.replace("@.", "@dev-nvme1n1.")
+    shutil.copy(UNITS / unit, path)
+    result = subprocess.run(["systemd-analyze", "security", "--offline=true", str(path)],
+                            capture_output=True, text=True)
+    exposure = float(re.search(r"Overall exposure level for \S+: ([0-9.]+)", result.stdout).group(1))
+    assert exposure <= 2.5, result.stdout
+
+
+def test_probes_never_run_at_the_idle_io_class():
+    text = (UNITS / "volprobe.service").read_text()
+    assert "IOSchedulingClass=best-effort" in text and "IOSchedulingClass=idle" not in text
+    for directive in ("DynamicUser=yes", "SupplementaryGroups=disk", "ProtectSystem=strict", "NoNewPrivileges=yes",
+                      "CapabilityBoundingSet=\n", "DeviceAllow=block-* r", "SystemCallFilter=@system-service",
+                      "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX", "ExecReload=/bin/kill -HUP $MAINPID",
+                      "Restart=on-failure", "StateDirectory=volprobe", "ConfigurationDirectory=volprobe",
+                      "PrivateTmp=yes", "ProtectHome=yes", "MemoryMax="):
+        assert directive in text, directive
