@@ -210,12 +210,21 @@ def test_real_sysfs_of_this_machine():
 @pytest.mark.parametrize(
     ("path", "pv", "pod"),
     [
-        ("/var/lib/kubelet/pods/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11/volumes/kubernetes.io~csi/pvc-8d1c2a4e-1b2f-4d3e-8f9a-0c1d2e3f4a5b/mount",
-         "pvc-8d1c2a4e-1b2f-4d3e-8f9a-0c1d2e3f4a5b", "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11"),
-        ("/var/lib/kubelet/pods/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11/volumes/kubernetes.io~aws-ebs/pv-data/pgdata",
-         "pv-data", "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11"),
-        ("/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/publish/pvc-raw/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11",
-         "pvc-raw", "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11"),
+        (
+            "/var/lib/kubelet/pods/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11/volumes/kubernetes.io~csi/pvc-8d1c2a4e-1b2f-4d3e-8f9a-0c1d2e3f4a5b/mount",
+            "pvc-8d1c2a4e-1b2f-4d3e-8f9a-0c1d2e3f4a5b",
+            "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11",
+        ),
+        (
+            "/var/lib/kubelet/pods/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11/volumes/kubernetes.io~aws-ebs/pv-data/pgdata",
+            "pv-data",
+            "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11",
+        ),
+        (
+            "/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/publish/pvc-raw/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11",
+            "pvc-raw",
+            "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11",
+        ),
         ("/var/lib/kubelet/plugins/kubernetes.io/csi/pv/pvc-staged/globalmount", "pvc-staged", ""),
         ("/var/lib/postgresql", "", ""),
     ],

@@ -118,14 +118,47 @@ def test_reads_of_never_written_blocks_are_flagged_as_zero(make_loop):
     reader.close()
 
 
+def test_errors_are_reported_by_errno_and_a_vanished_device_is_closed(tmp_path):
+    short = tmp_path / "short"
+    short.write_bytes(b"x" * 100)
+    # Reads open per request: a missing device is an open error, named by errno and path.
+    gone = probe.ProbeIO(
+        "read", probe.IOTarget(str(tmp_path / "gone"), os.O_RDONLY, 0, 16 * MIB), 4096, 0.0, random.Random(2)
+    )
+    outcome = gone.once()
+    assert outcome.error == "ENOENT" and "open" in outcome.detail
+    # A short transfer (here: past the end of a small file) is SHORT.
+    reader = probe.ProbeIO("read", probe.IOTarget(str(short), os.O_RDONLY, 0, 16 * MIB), 4096, 0.0, random.Random(2))
+    assert reader.once().error == "SHORT"
+    # A write probe keeps its descriptor; EBADF closes it so that the next probe reopens.
+    writer = probe.ProbeIO(
+        "write", probe.IOTarget(str(short), os.O_RDWR, 0, 16 * MIB), 4096, 0.0, random.Random(2), fd=987654
+    )
+    outcome = writer.once()
+    assert outcome.error == "EBADF" and writer.fd is None
+
+
 @requires_root
-def test_errors_are_reported_by_errno_and_a_vanished_device_is_closed(make_loop):
+def test_reads_do_not_hold_the_device_open(make_loop):
     loop = make_loop(16 * MIB)
-    io = probe.IOTarget(loop, os.O_RDONLY | os.O_DIRECT, 0, 16 * MIB)
-    reader = probe.ProbeIO("read", io, 4096, 0.0, random.Random(2))
-    reader.fd = os.open("/dev/null", os.O_RDONLY)  # reads return 0 bytes: a short transfer
-    outcome = reader.once()
-    assert outcome.error == "SHORT"
-    reader.fd = 987654  # not a descriptor: EBADF closes it for a reopen
-    outcome = reader.once()
-    assert outcome.error == "EBADF" and reader.fd is None
+    reader = probe.ProbeIO(
+        "read", probe.IOTarget(loop, os.O_RDONLY | os.O_DIRECT, 0, 16 * MIB), 4096, 0.0, random.Random(2)
+    )
+    assert not reader.once().error
+    name = os.path.basename(loop)
+    holders = [fd for pid in os.listdir("/proc") if pid.isdigit() for fd in _fds(pid) if _points_to(fd, loop)]
+    assert holders == [], f"{name} still open: {holders}"
+
+
+def _points_to(link: str, path: str) -> bool:
+    try:
+        return os.readlink(link) == path
+    except OSError:
+        return False
+
+
+def _fds(pid: str) -> list[str]:
+    try:
+        return [os.path.join(f"/proc/{pid}/fd", fd) for fd in os.listdir(f"/proc/{pid}/fd")]
+    except OSError:
+        return []

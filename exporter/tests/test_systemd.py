@@ -32,8 +32,9 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("unit", ["volprobe.service", "volprobe-warmup@dev-nvme1n1.service"])
 def test_systemd_analyze_verify_is_clean(root, unit):
-    result = subprocess.run(["systemd-analyze", "verify", f"--root={root}", f"/etc/systemd/system/{unit}"],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["systemd-analyze", "verify", f"--root={root}", f"/etc/systemd/system/{unit}"], capture_output=True, text=True
+    )
     assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
 
 
@@ -41,8 +42,9 @@ def test_systemd_analyze_verify_is_clean(root, unit):
 def test_security_exposure_at_most_2_5(tmp_path, unit):
     path = tmp_path / unit.replace("@.", "@dev-nvme1n1.")
     shutil.copy(UNITS / unit, path)
-    result = subprocess.run(["systemd-analyze", "security", "--offline=true", str(path)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(path)], capture_output=True, text=True
+    )
     exposure = float(re.search(r"Overall exposure level for \S+: ([0-9.]+)", result.stdout).group(1))
     assert exposure <= 2.5, result.stdout
 
@@ -50,9 +52,21 @@ def test_security_exposure_at_most_2_5(tmp_path, unit):
 def test_probes_never_run_at_the_idle_io_class():
     text = (UNITS / "volprobe.service").read_text()
     assert "IOSchedulingClass=best-effort" in text and "IOSchedulingClass=idle" not in text
-    for directive in ("DynamicUser=yes", "SupplementaryGroups=disk", "ProtectSystem=strict", "NoNewPrivileges=yes",
-                      "CapabilityBoundingSet=\n", "DeviceAllow=block-* r", "SystemCallFilter=@system-service",
-                      "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX", "ExecReload=/bin/kill -HUP $MAINPID",
-                      "Restart=on-failure", "StateDirectory=volprobe", "ConfigurationDirectory=volprobe",
-                      "PrivateTmp=yes", "ProtectHome=yes", "MemoryMax="):
+    for directive in (
+        "DynamicUser=yes",
+        "SupplementaryGroups=disk",
+        "ProtectSystem=strict",
+        "NoNewPrivileges=yes",
+        "CapabilityBoundingSet=\n",
+        "DeviceAllow=block-* r",
+        "SystemCallFilter=@system-service",
+        "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
+        "ExecReload=/bin/kill -HUP $MAINPID",
+        "Restart=on-failure",
+        "StateDirectory=volprobe",
+        "ConfigurationDirectory=volprobe",
+        "PrivateTmp=yes",
+        "ProtectHome=yes",
+        "MemoryMax=",
+    ):
         assert directive in text, directive

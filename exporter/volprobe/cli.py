@@ -321,7 +321,7 @@ def run_ping(argv: Sequence[str]) -> int:
         return _report(err)
     chosen = resolved[0]
     io = targets.io_target(host, chosen, probe)
-    runner = ProbeIO(op, io, block_size, 0.0, random.Random(), chosen.fds.pop(op))
+    runner = ProbeIO(op, io, block_size, 0.0, random.Random(), chosen.fds.pop(op, None))
     kind = "probe file" if (is_dir and op == "write") else "block device"
     size = chosen.config.probe_file_size if kind == "probe file" else chosen.device.size_bytes
     title = f"{io.path} ({kind} {units.format_size(size)}, {chosen.device.name})"
@@ -338,8 +338,12 @@ def run_ping(argv: Sequence[str]) -> int:
         if request and wait > 0 and stop.wait(wait):
             break
         request += 1
-        if runner.fd is None:
+        try:
             runner.open()
+        except OSError as err:
+            print(f"{arrow} {title}: request={request} error: {err}")
+            errors += 1
+            continue
         outcome = runner.once()
         pacer.advance(time.perf_counter_ns())
         if outcome.error:

@@ -198,6 +198,13 @@ class ProbeIO:
         self._empty = [memoryview(self.buffer)[:0]]
         self.write_data = WriteData(self.buffer) if op == "write" else None
         self._zeros = bytes(block_size)
+        # Writes keep their descriptor (a raw device's O_EXCL keeps others out while volprobe writes; a probe
+        # file is ours). Reads open the device for each request: holding it open between probes would stop an
+        # administrator from detaching a loop device or removing a dm, md or zram device.
+        self.hold_open = op == "write"
+        if fd is not None and not self.hold_open:
+            os.close(fd)
+            fd = None
         self.fd = fd
         self._inflight = array.array("q", [0])  # start of the request in flight (ns), 0 when none; see scrapes
         self._offset = -1
@@ -208,7 +215,8 @@ class ProbeIO:
         return self._inflight[0]
 
     def open(self) -> None:
-        if self.fd is None:
+        """Open the descriptor a write probe keeps; reads open per request."""
+        if self.hold_open and self.fd is None:
             self.fd = self.io.open()
 
     def close(self) -> None:
@@ -232,6 +240,9 @@ class ProbeIO:
         wait = deadline_ns - clock()
         if wait > 0:
             time.sleep(wait / 1e9)
+        opened = fd < 0
+        if opened:
+            fd = os.open(self.io.path, self.io.flags | os.O_CLOEXEC)
         bufs = self._bufs
         inflight = self._inflight
         try:
@@ -247,26 +258,28 @@ class ProbeIO:
                 t1 = clock()
         finally:
             inflight[0] = 0
+            if opened:
+                os.close(fd)
         return done, t0, t1
 
     def issue(self, deadline_ns: int = 0) -> Outcome:
         """The prepared request, at deadline_ns (perf_counter_ns clock) or now. The descriptor must be open;
         it is closed when the device went away."""
-        fd, offset = self.fd, self._offset
+        offset = self._offset
+        fd = self.fd if self.hold_open else -1
         assert fd is not None and offset >= 0, "open() and prepare() first"
         try:
             if _timedio is not None:
-                if self.write_data is not None:
-                    done, t0, t1 = _timedio.write(fd, self.buffer, offset, deadline_ns, self._inflight)
-                else:
-                    done, t0, t1 = _timedio.read(fd, self.buffer, offset, deadline_ns, self._inflight)
+                timed = _timedio.write if self.write_data is not None else _timedio.read
+                done, t0, t1 = timed(fd, self.buffer, offset, deadline_ns, self._inflight, self.io.path, self.io.flags)
             else:
                 done, t0, t1 = self._timed_in_python(fd, offset, deadline_ns)
         except OSError as err:
             if err.errno in REOPEN_ERRNOS:
                 self.close()
             name = errno.errorcode.get(err.errno or 0, "EUNKNOWN")
-            return Outcome(offset, self._touch, error=name, detail=f"{self.op} at {offset}: {err.strerror}")
+            where = f"open {self.io.path}" if err.filename else f"{self.op} at {offset}"
+            return Outcome(offset, self._touch, error=name, detail=f"{where}: {err.strerror}")
         if done != self.block_size:
             detail = f"{self.op} at {offset}: {done} of {self.block_size} bytes"
             return Outcome(offset, self._touch, error="SHORT", detail=detail)

@@ -219,7 +219,11 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
         for probe in target.probes:
             io = io_target(host, target, probe)
             try:
-                target.fds[probe.op] = io.open()
+                fd = io.open()  # reads open per probe later; opening now checks access before anything starts
+                if probe.op == "write":
+                    target.fds[probe.op] = fd
+                else:
+                    os.close(fd)
             except OSError as err:
                 message = f"{probe.key}: cannot open {io.path}: {err.strerror or err}"
                 (warnings if not strict and probe.op == "read" else problems).append(message)

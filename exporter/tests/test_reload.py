@@ -1,0 +1,112 @@
+"""SIGHUP reloads, and devices that come and go at run time (discovery)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+from .conftest import MIB, requires_root, run, sample_value
+
+pytestmark = requires_root
+
+
+def count(samples, target: str, op: str = "read") -> float:
+    return sum(
+        v
+        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
+        if labels["target"] == target and labels["op"] == op
+    )
+
+
+def targets(samples) -> set[str]:
+    return {labels["target"] for labels, _ in samples.get("volprobe_target_info", [])}
+
+
+def threads(pid: int) -> int:
+    return int(re.search(r"Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1))
+
+
+def test_sighup_keeps_unchanged_targets_and_drops_removed_ones(tmp_path, make_loop, start_exporter):
+    a, b, c = make_loop(16 * MIB, name="a"), make_loop(16 * MIB, name="b"), make_loop(16 * MIB, name="c")
+    config = tmp_path / "volprobe.yml"
+    config.write_text(f"""
+targets:
+  - {{name: kept, device: {a}, probes: [{{op: read, interval: 50ms}}]}}
+  - {{name: dropped, device: {b}, probes: [{{op: read, interval: 50ms}}]}}
+""")
+    exporter = start_exporter("--config", str(config))
+    before = exporter.wait_for(lambda s: count(s, "kept") >= 40 and count(s, "dropped") >= 1, what="samples")
+    # The kept target moves to another place in the file: same configuration, so the same probe.
+    config.write_text(f"""
+targets:
+  - {{name: added, device: {c}, probes: [{{op: read, interval: 50ms}}]}}
+  - {{name: kept, device: {a}, probes: [{{op: read, interval: 50ms}}]}}
+""")
+    exporter.process.send_signal(signal.SIGHUP)
+    after = exporter.wait_for(lambda s: "added" in targets(s) and count(s, "added") >= 1, what="the added target")
+    assert "dropped" not in targets(after)
+    assert not any(labels["target"] == "dropped" for labels, _ in after["volprobe_probe_latency_seconds_count"])
+    assert count(after, "kept") >= count(before, "kept"), "the kept target kept its histogram"
+    assert "configuration reloaded: 1 kept, 1 added, 1 removed" in exporter.log()
+    assert exporter.stop() == 0
+
+
+def test_a_bad_new_config_is_rejected_and_the_old_one_kept(tmp_path, make_loop, start_exporter):
+    a = make_loop(16 * MIB)
+    config = tmp_path / "volprobe.yml"
+    config.write_text(f"targets: [{{name: a, device: {a}, probes: [{{op: read, interval: 50ms}}]}}]\n")
+    exporter = start_exporter("--config", str(config))
+    exporter.wait_for(lambda s: count(s, "a") >= 5, what="samples")
+    config.write_text(f"targets: [{{name: a, device: {a}, probes: [{{op: read, intervall: 50ms}}]}}]\n")
+    exporter.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while "rejected" not in exporter.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "targets[0].probes[0].intervall: unknown key" in exporter.log()
+    before = count(exporter.metrics(), "a")
+    time.sleep(1)
+    assert count(exporter.metrics(), "a") > before + 5, "the running configuration keeps probing"
+    assert exporter.process.poll() is None
+    assert exporter.stop() == 0
+
+
+def test_discovery_follows_devices_attached_and_detached(tmp_path, start_exporter):
+    config = tmp_path / "volprobe.yml"
+    config.write_text("""
+defaults: {window: 1m}
+discovery:
+  include: ['loop\\d+']
+  rescan_interval: 2s
+  probes: [{op: read, interval: 100ms}]
+""")
+    exporter = start_exporter("--config", str(config))
+    time.sleep(1)
+    baseline_threads = threads(exporter.process.pid)
+    backing = tmp_path / "hotplug.img"
+    with open(backing, "wb") as f:
+        f.truncate(32 * MIB)
+    attached = time.monotonic()
+    loop = run("losetup", "--find", "--show", "--direct-io=on", str(backing)).stdout.strip()
+    name = os.path.basename(loop)
+    try:
+        exporter.wait_for(lambda s: count(s, name) >= 1, timeout=15, what=f"probes of the new {name}")
+        assert time.monotonic() - attached < 10, "a new device is probed within 10 s"
+        assert threads(exporter.process.pid) > baseline_threads
+    finally:
+        run("losetup", "--detach", loop)
+    detached = time.monotonic()
+    samples = exporter.wait_for(lambda s: name not in targets(s), timeout=15, what=f"{name} to be dropped")
+    assert time.monotonic() - detached < 10
+    assert not any(
+        labels.get("device") == name for labels, _ in samples.get("volprobe_probe_latency_seconds_count", [])
+    )
+    deadline = time.monotonic() + 5
+    while threads(exporter.process.pid) > baseline_threads and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert threads(exporter.process.pid) == baseline_threads, "no thread left behind"
+    assert sample_value(samples, "volprobe_scrape_collector_success", collector="probe") == 1
+    assert exporter.process.poll() is None
+    assert exporter.stop() == 0
