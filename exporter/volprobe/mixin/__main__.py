@@ -1,4 +1,5 @@
-"""python -m volprobe.mixin [--config FILE] [--out DIR]: write alerts/volprobe-rules.yml and dashboards/*.json."""
+"""python -m volprobe.mixin [--config FILE] [--out DIR]: write alerts/volprobe-rules.yml, dashboards/*.json
+and their Kubernetes forms (a PrometheusRule and ConfigMaps for the Grafana sidecar) in deploy/kubernetes/base."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError
-from . import load, rules
+from . import kubernetes, load, rules
 
 
 def outputs(config_path: str | None) -> dict[str, str]:
@@ -16,8 +17,11 @@ def outputs(config_path: str | None) -> dict[str, str]:
 
     config = load(config_path)
     files = {"alerts/volprobe-rules.yml": rules.render(config)}
-    for name, text in dashboards.render_all(config).items():
+    rendered = dashboards.render_all(config)
+    for name, text in rendered.items():
         files[f"dashboards/{name}"] = text
+    files["deploy/kubernetes/base/prometheusrule.yaml"] = kubernetes.prometheus_rule(config)
+    files["deploy/kubernetes/base/grafana-dashboards.yaml"] = kubernetes.dashboard_configmaps(rendered)
     return files
 
 

@@ -1,0 +1,122 @@
+"""Deployment artefacts, validated offline: Kubernetes objects, the PrometheusRule, the ServiceMonitor, the
+Prometheus and Grafana examples, the Dockerfile."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import REPO, volprobe_command
+
+BASE = REPO / "deploy" / "kubernetes" / "base"
+CORE = ["serviceaccount.yaml", "configmap.yaml", "daemonset.yaml", "service.yaml", "grafana-dashboards.yaml"]
+
+
+def documents(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((BASE / name).read_text()) if d]
+
+
+def test_kustomization_lists_every_manifest():
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    listed = set(kustomization["resources"])
+    present = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == present
+
+
+@pytest.mark.parametrize("name", CORE)
+def test_core_objects_validate_strictly(name):
+    kubernetes_validate = Path(sys.executable).parent / "kubernetes-validate"
+    result = subprocess.run([str(kubernetes_validate), "--strict", str(BASE / name)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "passed" in result.stdout and "ERROR" not in result.stdout
+
+
+def test_prometheusrule_spec_passes_promtool(tmp_path):
+    (rule,) = documents("prometheusrule.yaml")
+    assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump(rule["spec"]))
+    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert rule["spec"] == yaml.safe_load((REPO / "alerts" / "volprobe-rules.yml").read_text())
+
+
+def test_servicemonitor_selects_the_service_and_its_port():
+    (monitor,) = documents("servicemonitor.yaml")
+    (service,) = documents("service.yaml")
+    (daemonset,) = documents("daemonset.yaml")
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "ServiceMonitor")
+    assert set(monitor["spec"]) <= {"jobLabel", "selector", "endpoints", "namespaceSelector"}
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    ports = {p["name"] for p in service["spec"]["ports"]}
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert set(endpoint) <= {"port", "interval", "scrapeTimeout", "relabelings", "scheme", "tlsConfig",
+                                 "basicAuth"}
+        assert endpoint["port"] in ports
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    assert {p["name"] for p in container["ports"]} >= {s["targetPort"] for s in service["spec"]["ports"]}
+
+
+def test_daemonset_security_context_is_as_narrow_as_block_devices_allow():
+    (daemonset,) = documents("daemonset.yaml")
+    pod = daemonset["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert 6 in pod["securityContext"]["supplementalGroups"]  # disk
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert "Why privileged" in (BASE / "daemonset.yaml").read_text()
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/dev"]["readOnly"] is True
+
+
+def test_dashboard_configmaps_carry_the_dashboards():
+    maps = documents("grafana-dashboards.yaml")
+    assert len(maps) == len(list((REPO / "dashboards").glob("*.json")))
+    for configmap in maps:
+        assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((name, text),) = configmap["data"].items()
+        assert json.loads(text) == json.loads((REPO / "dashboards" / name).read_text())
+
+
+def test_configmap_config_is_valid(tmp_path):
+    (configmap,) = documents("configmap.yaml")
+    path = tmp_path / "volprobe.yml"
+    path.write_text(configmap["data"]["volprobe.yml"].replace("/var/lib/volprobe", str(tmp_path)))
+    result = subprocess.run(volprobe_command("check-config", str(path)), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "discovery:" in result.stdout
+
+
+def test_prometheus_example_passes_promtool(tmp_path):
+    config = (REPO / "deploy" / "prometheus" / "prometheus.yml").read_text()
+    config = config.replace("/etc/prometheus/volprobe-ca.crt", str(tmp_path / "ca.crt"))
+    config = config.replace("/etc/prometheus/volprobe.password", str(tmp_path / "password"))
+    config = config.replace("../../alerts/volprobe-rules.yml", str(REPO / "alerts" / "volprobe-rules.yml"))
+    (tmp_path / "ca.crt").write_text("")
+    (tmp_path / "password").write_text("secret\n")
+    path = tmp_path / "prometheus.yml"
+    path.write_text(config)
+    result = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_grafana_provisioning_files():
+    datasources = yaml.safe_load((REPO / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert datasources["apiVersion"] == 1 and datasources["datasources"][0]["type"] == "prometheus"
+    providers = yaml.safe_load((REPO / "deploy/grafana/provisioning/dashboards/volprobe.yml").read_text())
+    assert providers["providers"][0]["type"] == "file" and providers["providers"][0]["options"]["path"]
+
+
+def test_dockerfile_is_small_and_conventional():
+    text = (REPO / "deploy" / "Dockerfile").read_text()
+    assert text.count("FROM ") == 2 and "USER 65534" in text and 'ENTRYPOINT ["volprobe"]' in text
+    assert "EXPOSE 10130" in text
