@@ -56,8 +56,7 @@ def test_servicemonitor_selects_the_service_and_its_port():
     assert selector.items() <= service["metadata"]["labels"].items()
     ports = {p["name"] for p in service["spec"]["ports"]}
     for endpoint in monitor["spec"]["endpoints"]:
-        assert set(endpoint) <= {"port", "interval", "scrapeTimeout", "relabelings", "scheme", "tlsConfig",
-                                 "basicAuth"}
+        assert set(endpoint) <= {"port", "interval", "scrapeTimeout", "relabelings", "scheme", "tlsConfig", "basicAuth"}
         assert endpoint["port"] in ports
     pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()

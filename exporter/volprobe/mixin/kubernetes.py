@@ -25,14 +25,16 @@ def dashboard_configmaps(dashboards: dict[str, str]) -> str:
     """One ConfigMap per dashboard JSON (file name -> text), as a multi-document YAML stream."""
     documents = []
     for name, text in sorted(dashboards.items()):
-        documents.append({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {
-                "name": name.removesuffix(".json") + "-dashboard",
-                "labels": {**LABELS, "grafana_dashboard": "1"},
-                "annotations": {"grafana_folder": "volprobe"},
-            },
-            "data": {name: text},
-        })
+        documents.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": name.removesuffix(".json") + "-dashboard",
+                    "labels": {**LABELS, "grafana_dashboard": "1"},
+                    "annotations": {"grafana_folder": "volprobe"},
+                },
+                "data": {name: text},
+            }
+        )
     return HEADER + yaml.dump_all(documents, Dumper=rules._Dumper, sort_keys=False, width=120)
