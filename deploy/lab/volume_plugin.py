@@ -30,23 +30,8 @@ import nbdkit
 API_VERSION = 2
 
 _params = {"state": "", "size": "268435456", "alloc_unit": "1048576"}
-_settings = {
-    "read_latency": 0.0,
-    "write_latency": 0.0,
-    "jitter": 0.0,
-    "iops_limit": 0.0,
-    "bandwidth_limit": 0.0,
-    "burst": 0.02,
-    "lazy": False,
-    "first_write_latency": 0.0,
-    "zero_read_latency": 0.00005,
-    "fail_reads": 0.0,
-    "fail_writes": 0.0,
-    "stall": False,
-    "overhead_read": 0.0,
-    "overhead_write": 0.0,
-    "generation": 0,
-}
+# Live settings: lab.py writes every key to control.json before nbdkit starts (see lab.DEFAULTS).
+_settings: dict = {}
 _counters = {"reads": 0, "writes": 0, "read_bytes": 0, "written_bytes": 0, "errors": 0, "stalled": 0}
 _lock = threading.Lock()
 _allocator = threading.Lock()
@@ -75,7 +60,7 @@ def config_complete():
     with builtins.open(os.path.join(_params["state"], "reads.bin"), "w+b") as f:
         f.truncate(units * 4)
         _reads = memoryview(mmap.mmap(f.fileno(), units * 4)).cast("I")
-    _load_settings()
+    _load_settings(required=True)
 
 
 def thread_model():
@@ -120,13 +105,15 @@ def flush(h, flags):
     pass
 
 
-def _load_settings():
+def _load_settings(required=False):
     path = os.path.join(_params["state"], "control.json")
     try:
         with builtins.open(path) as f:
             loaded = json.load(f)
     except (OSError, ValueError):
-        return
+        if required:
+            raise
+        return  # mid-replace: the next poll reads it
     _settings.update(loaded)
     if _settings["stall"]:
         _running.clear()

@@ -199,6 +199,19 @@ def start_exporter(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
             exporter.process.wait(10)
 
 
+def stop_fio(process: subprocess.Popen) -> None:
+    """Stop a fio run: SIGTERM to its process group. fio forks its jobs; killing the parent alone would
+    leave them running, loading later tests, until their device goes away."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)
+
+
 def have(tool: str) -> bool:
     return shutil.which(tool) is not None
 

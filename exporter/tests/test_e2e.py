@@ -12,7 +12,7 @@ from pathlib import Path
 from volprobe import mixin
 from volprobe.mixin import rules
 
-from .conftest import MIB, REPO, requires_root
+from .conftest import MIB, REPO, requires_root, stop_fio
 from .test_mixin import panels, substitute
 
 pytestmark = requires_root
@@ -23,8 +23,9 @@ TEST_SIZED = {
     "baseline_window": "2m",
     "latency_objective_for": "10s",
     "regression_for": "6s",
-    # The lab's latency wobbles by a millisecond or two under this test's load; the raise below is +7 ms.
-    "regression_min_increase": "3ms",
+    # Under this test's load (six lab volumes, fio, Prometheus on two cores) the lab's tail latency wobbles
+    # by a few milliseconds; the raise below is +24 ms.
+    "regression_min_increase": "8ms",
     "throttle_for": "10s",
     "limit_for": "10s",
     "stall_threshold": "5s",
@@ -105,6 +106,7 @@ scrape_configs:
             "--runtime=400",
             "--output=/dev/null",
         ],
+        start_new_session=True,  # fio forks its jobs: stop_fio() signals the whole group
     )
     started = time.monotonic()
     expected = {
@@ -123,7 +125,7 @@ scrape_configs:
                 volumes["stalled"].set(stall=True)
                 stalled = True
             if not raised and elapsed > 75:  # baseline window (2m) half full of the healthy latency
-                volumes["regress"].set(read_latency=0.008, write_latency=0.008)
+                volumes["regress"].set(read_latency=0.025, write_latency=0.025)
                 raised = True
             alerts = prometheus.alerts()
             quiet = [
@@ -146,8 +148,7 @@ scrape_configs:
         check_dashboards(prometheus, exporter.port, devices)
     finally:
         volumes["stalled"].set(stall=False)
-        load.kill()
-        load.wait()
+        stop_fio(load)
     assert exporter.stop() == 0
 
 

@@ -8,7 +8,7 @@ import threading
 import time
 from pathlib import Path
 
-from .conftest import MIB, requires_root, sample_value
+from .conftest import MIB, requires_root, sample_value, stop_fio
 
 pytestmark = requires_root
 
@@ -25,6 +25,7 @@ def fio_load(device: str, *options: str, runtime: float) -> subprocess.Popen:
             "--output=/dev/null",
             *options,
         ],
+        start_new_session=True,  # fio forks its jobs: stop_fio() signals the whole group
     )
 
 
@@ -105,8 +106,7 @@ def test_caps_are_flagged_within_60s_with_their_ceiling(tmp_path, lab_volume, st
             )
     finally:
         for load in loads:
-            load.kill()
-            load.wait()
+            stop_fio(load)
     assert exporter.stop() == 0
 
 
@@ -161,6 +161,5 @@ def test_idle_bursty_and_latency_bound_qd1_are_not_flagged(tmp_path, lab_volume,
     finally:
         stop.set()
         burster.join()
-        qd1.kill()
-        qd1.wait()
+        stop_fio(qd1)
     assert exporter.stop() == 0
