@@ -1,5 +1,5 @@
 /*
- * One direct I/O request timed in C: CLOCK_MONOTONIC read immediately before and after the preadv/pwritev
+ * One direct I/O request timed in C: CLOCK_MONOTONIC read immediately before and after the pread/pwrite
  * and around nothing else, with the GIL released outside both clock reads. This keeps the interpreter (its
  * argument handling, the GIL hand-off, a cold code path after an idle interval) out of the measurement,
  * as fio's C loop does. volprobe falls back to timing in Python when this module could not be built.
@@ -17,7 +17,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
-#include <sys/uio.h>
 #include <time.h>
 
 static long long ns(const struct timespec *t) { return (long long)t->tv_sec * 1000000000LL + t->tv_nsec; }
@@ -43,7 +42,6 @@ static PyObject *timed(PyObject *args, int write) {
         return NULL;
     }
     volatile long long *marker = (volatile long long *)inflight.buf;
-    struct iovec iov = {buffer.buf, (size_t)buffer.len};
     struct timespec start, end, wake = {deadline / 1000000000LL, deadline % 1000000000LL};
     ssize_t done = -1;
     int error = 0, opened = -1;
@@ -59,7 +57,7 @@ static PyObject *timed(PyObject *args, int write) {
     if (fd >= 0) {
         clock_gettime(CLOCK_MONOTONIC, &start);
         *marker = ns(&start);
-        done = write ? pwritev(fd, &iov, 1, offset) : preadv(fd, &iov, 1, offset);
+        done = write ? pwrite(fd, buffer.buf, (size_t)buffer.len, offset) : pread(fd, buffer.buf, (size_t)buffer.len, offset);
         clock_gettime(CLOCK_MONOTONIC, &end);
         *marker = 0;
         if (done < 0)
