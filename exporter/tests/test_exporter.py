@@ -207,3 +207,20 @@ def test_directory_without_a_block_device_is_refused(tmp_path, fstype):
         assert result.returncode == 2 and "targets[0].directory" in result.stderr and "tmpfs" in result.stderr
     finally:
         run("umount", str(point))
+
+
+def test_a_kubelet_volume_path_gives_the_persistent_volume_and_pod(tmp_path, make_loop, start_exporter):
+    pod, pv = "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11", "pvc-8d1c2a4e-1b2f-4d3e-8f9a-0c1d2e3f4a5b"
+    point = tmp_path / "var/lib/kubelet/pods" / pod / "volumes/kubernetes.io~csi" / pv / "mount"
+    point.mkdir(parents=True)
+    loop = make_loop(64 * MIB)
+    run("mkfs.ext4", "-q", "-F", loop)
+    run("mount", loop, str(point))
+    try:
+        config = write_config(tmp_path, f"targets: [{{name: pgdata, directory: {point}, probe_file_size: 4MiB}}]")
+        exporter = start_exporter("--config", config)
+        info = next(labels for labels, _ in exporter.metrics()["volprobe_target_info"] if labels["target"] == "pgdata")
+        assert info["pv"] == pv and info["pod_uid"] == pod and info["mountpoint"] == str(point)
+        assert exporter.stop() == 0
+    finally:
+        run("umount", str(point))
