@@ -231,7 +231,7 @@ def up(
     try:
         # `setsid --fork`: the servers must not be children of this (possibly short-lived) process; they
         # are killed when their parent exits otherwise.
-        for attempt in (1, 2):  # a start-up that hangs (seen once under load, never reproduced) gets one retry
+        for attempt in (1, 2):  # a start-up that hangs (seen twice under load, not reproduced) gets one retry
             _spawn(
                 volume.dir / "nbdkit.log",
                 "nbdkit",
