@@ -24,8 +24,8 @@ TEST_SIZED = {
     "latency_objective_for": "10s",
     "regression_for": "6s",
     # Under this test's load (six lab volumes, fio, Prometheus on two cores) the lab's tail latency wobbles
-    # by a few milliseconds; the raise below is +24 ms.
-    "regression_min_increase": "8ms",
+    # by up to ~15 ms (a healthy 0.5 ms volume once showed a write p99 of 14.3 ms); the raise below is +24 ms.
+    "regression_min_increase": "16ms",
     "throttle_for": "10s",
     "limit_for": "10s",
     "stall_threshold": "5s",
