@@ -401,7 +401,7 @@ def run_fio(device: str, *options: str, runtime: float = 5.0) -> dict:
         f"--filename={device}",
         "--direct=1",
         "--time_based",
-        f"--runtime={runtime:g}",
+        f"--runtime={round(runtime * 1000)}ms",  # fio truncates fractional seconds
         "--group_reporting",
         "--output-format=json",
         *options,
