@@ -173,11 +173,14 @@ DEFAULTS = {
 }
 
 
-def _calibrate(volume: Volume, samples: int = 40, rounds: int = 5) -> tuple[float, float]:
+def _calibrate(volume: Volume, samples: int = 60, rounds: int = 6) -> tuple[float, float]:
     """The chain's own qd1 overhead per op: measured latency at a known 1 ms, minus 1 ms.
 
-    The median of a few rounds' medians: a burst of load elsewhere inflates a round or two, not most of them
-    (one median over all samples once made a volume 0.4 ms faster than configured in CI).
+    Reads and writes run in rounds of their own, as fio's qd1 jobs issue them (a read right after a write is
+    slower), taking turns after a warm-up (the first requests to a new device are slow). This machine's
+    latency has phases: most of the time it sits at one level, now and then it runs 0.1-0.4 ms slower for
+    a second or so. The lowest round's median is the usual level: a median of rounds, or of all samples,
+    that met a slow phase made volumes up to 0.4 ms faster than configured.
     """
     volume.set(read_latency=CALIBRATION_LATENCY, write_latency=CALIBRATION_LATENCY, lazy=False)
     size = volume.state["size"]
@@ -185,26 +188,28 @@ def _calibrate(volume: Volume, samples: int = 40, rounds: int = 5) -> tuple[floa
     import mmap
 
     buffer = mmap.mmap(-1, 4096)
-    medians: dict[str, list[float]] = {"read": [], "write": []}
     rng = random.Random(0)
+
+    def median_latency(op: str) -> float:
+        call, argument = (os.pwrite, buffer) if op == "write" else (os.preadv, [buffer])
+        values = []
+        for _ in range(samples):
+            offset = rng.randrange(size // 4096) * 4096
+            t0 = time.perf_counter()
+            call(fd, argument, offset)  # writes put zeros over zeros: the content does not change
+            values.append(time.perf_counter() - t0)
+        return statistics.median(values[samples // 4 :])
+
+    medians: dict[str, list[float]] = {"read": [], "write": []}
     try:
+        for op in medians:
+            median_latency(op)  # warm-up
         for _ in range(rounds):
-            results: dict[str, list[float]] = {"read": [], "write": []}
-            for i in range(2 * samples):
-                offset = rng.randrange(size // 4096) * 4096
-                t0 = time.perf_counter()
-                if i % 2:
-                    os.pwrite(fd, buffer, offset)  # zeros over zeros: the content does not change
-                else:
-                    os.preadv(fd, [buffer], offset)
-                results["write" if i % 2 else "read"].append(time.perf_counter() - t0)
-            for op, values in results.items():
-                medians[op].append(statistics.median(values[samples // 4 :]))
+            for op in medians:
+                medians[op].append(median_latency(op))
     finally:
         os.close(fd)
-    return tuple(  # type: ignore[return-value]
-        max(0.0, statistics.median(medians[op]) - CALIBRATION_LATENCY) for op in ("read", "write")
-    )
+    return tuple(max(0.0, min(medians[op]) - CALIBRATION_LATENCY) for op in ("read", "write"))  # type: ignore[return-value]
 
 
 def up(
