@@ -125,7 +125,7 @@ def fio_paced(device: str, op: str, block_size: int, rate: float, runtime: float
         f"--bs={block_size}",
         *([f"--rate_iops={rate:g}"] if rate else []),
         "--time_based",
-        f"--runtime={round(runtime * 1000)}ms",  # fio truncates fractional seconds
+        lab.fio_runtime(runtime),
         "--offset=1M",
         f"--size={size - 2 * MIB}",
         "--output-format=json",

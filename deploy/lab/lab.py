@@ -398,6 +398,11 @@ def down_all(prefix: str = "") -> None:
 # -- fio, the reference every lab claim is checked against ----------------------------------------------------
 
 
+def fio_runtime(seconds: float) -> str:
+    """fio's --runtime option; in milliseconds, as fio truncates fractional seconds (0.7 s would not run)."""
+    return f"--runtime={round(seconds * 1000)}ms"
+
+
 def run_fio(device: str, *options: str, runtime: float = 5.0) -> dict:
     """Run one fio job on a device; returns fio's JSON for the job (group_reporting)."""
     command = [
@@ -406,7 +411,7 @@ def run_fio(device: str, *options: str, runtime: float = 5.0) -> dict:
         f"--filename={device}",
         "--direct=1",
         "--time_based",
-        f"--runtime={round(runtime * 1000)}ms",  # fio truncates fractional seconds
+        fio_runtime(runtime),
         "--group_reporting",
         "--output-format=json",
         *options,

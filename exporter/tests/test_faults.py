@@ -69,7 +69,7 @@ targets:
         return sum(
             v
             for labels, v in samples["volprobe_probe_latency_seconds_bucket"]
-            if labels["target"] == "stalling" and labels["le"] != "+Inf" and float(labels["le"]) == bound
+            if labels["target"] == "stalling" and float(labels["le"]) == bound
         )
 
     upper = min(b for b in DEFAULT_BUCKETS if b >= stalled_for + 0.5)

@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+import lab
+
 from .conftest import MIB, requires_root, sample_value, stop_fio
 
 pytestmark = requires_root
@@ -21,7 +23,7 @@ def fio_load(device: str, *options: str, runtime: float) -> subprocess.Popen:
             f"--filename={device}",
             "--direct=1",
             "--time_based",
-            f"--runtime={round(runtime * 1000)}ms",  # fio truncates fractional seconds
+            lab.fio_runtime(runtime),
             "--output=/dev/null",
             *options,
         ],
