@@ -11,33 +11,19 @@ import os
 import platform
 import re
 import shlex
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "deploy" / "lab"))
-import lab  # noqa: E402
+sys.path.insert(0, str(REPO / "exporter" / "tests"))
+import harness  # noqa: E402 - the test harness: commands, devices, the exporter (it puts deploy/lab on sys.path)
+from harness import MIB, RunningExporter, lab, loop_device, run  # noqa: E402 - also used by the bench scripts
 
-MIB = 1024 * 1024
 BENCHMARKS = REPO / "BENCHMARKS.md"
-
-
-def run(*cmd: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kwargs)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- devices --------------------------------------------------------------------------------------------
@@ -46,41 +32,28 @@ def free_port() -> int:
 @contextlib.contextmanager
 def zram(size: int = 256 * MIB) -> Iterator[str]:
     """A zram device filled with random data (outside the first and last MiB, which stay blank)."""
-    number = Path("/sys/class/zram-control/hot_add").read_text().strip()
-    device = f"/dev/zram{number}"
-    try:
-        Path(f"/sys/block/zram{number}/disksize").write_text(str(size))
+    with harness.zram(size) as device:
         fill(device, size)
         yield device
-    finally:
-        with contextlib.suppress(OSError):
-            Path(f"/sys/block/zram{number}/reset").write_text("1")
-        with contextlib.suppress(OSError):
-            Path("/sys/class/zram-control/hot_remove").write_text(number)
 
 
 @contextlib.contextmanager
 def loop_on_ext4_file(size: int = 256 * MIB, directory: str = "/var/tmp") -> Iterator[str]:
     """A loop device (direct I/O) over a fully written file on the host's ext4 root filesystem."""
-    with tempfile.NamedTemporaryFile(dir=directory, prefix="volprobe-bench-", suffix=".img") as backing:
-        with open(backing.name, "wb") as f:
-            f.truncate(size)
-        device = run("losetup", "--find", "--show", "--direct-io=on", backing.name).stdout.strip()
-        try:
-            fill(device, size)
-            yield device
-        finally:
-            run("losetup", "--detach", device)
+    with (
+        tempfile.NamedTemporaryFile(dir=directory, prefix="volprobe-bench-", suffix=".img") as backing,
+        loop_device(backing.name, size) as device,
+    ):
+        fill(device, size)
+        yield device
 
 
 @contextlib.contextmanager
 def lab_volume(name: str, **settings) -> Iterator[str]:
-    volume = lab.up(name, **settings)
-    try:
+    """A lab volume filled with random data (outside the first and last MiB)."""
+    with harness.lab_device(name, **settings) as volume:
         fill(volume.device, settings.get("size", 256 * MIB))
         yield volume.device
-    finally:
-        lab.down(name)
 
 
 def fill(device: str, size: int) -> None:
@@ -143,72 +116,12 @@ def fio_paced(device: str, op: str, block_size: int, rate: float, runtime: float
 # -- the exporter ---------------------------------------------------------------------------------------
 
 
-class Exporter:
-    """The real `volprobe` process on a loopback port."""
-
-    def __init__(self, config_text: str) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="volprobe-bench-"))
-        (self.dir / "volprobe.yml").write_text(config_text)
-        self.port = free_port()
-        self.log = open(self.dir / "log", "w")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "volprobe",
-                "--config",
-                str(self.dir / "volprobe.yml"),
-                "--web.listen-address",
-                f"127.0.0.1:{self.port}",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError((self.dir / "log").read_text())
-            with contextlib.suppress(OSError):
-                self.get("/-/ready")
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("exporter not ready")
-            time.sleep(0.1)
-
-    def get(self, path: str = "/metrics") -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as response:
-            return response.read().decode()
-
-    def samples(self) -> dict[tuple[str, frozenset], float]:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        result = {}
-        for family in text_string_to_metric_families(self.get()):
-            for sample in family.samples:
-                result[(sample.name, frozenset(sample.labels.items()))] = sample.value
-        return result
-
-    def value(self, name: str, **labels: str) -> float:
-        total = 0.0
-        for (sample, found), value in self.samples().items():
-            if sample == name and all((k, v) in found for k, v in labels.items()):
-                total += value
-        return total
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def rss_bytes(self) -> tuple[int, int]:
-        status = Path(f"/proc/{self.process.pid}/status").read_text()
-        rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
-        peak = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
-        return rss, peak
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(30)
-        self.log.close()
+def start_exporter(config_text: str) -> RunningExporter:
+    """The real `volprobe` process on a loopback port, with this configuration; its files in a fresh
+    temporary directory. RunningExporter: get(), value(name, **labels), cpu_seconds(), rss_bytes(), stop()."""
+    directory = Path(tempfile.mkdtemp(prefix="volprobe-bench-"))
+    config = harness.write_config(directory, config_text)
+    return harness.start_volprobe("--config", config, log_path=directory / "log")
 
 
 # -- BENCHMARKS.md ---------------------------------------------------------------------------------------

@@ -133,6 +133,14 @@ class Volume:
         counts.frombytes((self.dir / "reads.bin").read_bytes())
         return counts.tolist()
 
+    def requests(self) -> list[tuple[str, int, int]]:
+        """Every request served while `trace` was set: ("r" or "w", offset, length), in order."""
+        try:
+            text = (self.dir / "requests.log").read_text()
+        except FileNotFoundError:
+            return []
+        return [(op, int(offset), int(length)) for op, offset, length in (line.split() for line in text.splitlines())]
+
     def set(self, wait: bool = True, **changes: object) -> dict:
         """Change live settings (seconds, bytes/s, ratios); returns the new settings once the device applies them."""
         current = self.settings()
@@ -170,6 +178,7 @@ DEFAULTS = {
     "overhead_write": 0.0,
     "generation": 1,
     "reset_allocation": 0,
+    "trace": False,
 }
 
 

@@ -9,16 +9,12 @@ import urllib.request
 from pathlib import Path
 
 import lab
+import pytest
+from harness import free_port
 
 DEMO = Path(__file__).resolve().parent / "demo"
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.slow]
 
 
 def query(port: int, expr: str) -> list:

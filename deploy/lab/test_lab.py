@@ -15,6 +15,8 @@ import pytest
 
 MIB = lab.MIB
 
+pytestmark = [pytest.mark.root, pytest.mark.lab]
+
 
 def qd1(device: str, rw: str, bs: str = "4k", runtime: float = 3) -> dict:
     return lab.run_fio(device, "--ioengine=sync", "--iodepth=1", f"--rw={rw}", f"--bs={bs}", runtime=runtime)
@@ -163,7 +165,17 @@ def test_fio_mkfs_and_mount_work(lab_volume, tmp_path):
         payload = os.urandom(MIB)
         (point / "file").write_bytes(payload)
         subprocess.run(["sync"], check=True)
-        assert (point / "file").read_bytes() == payload
+        # Read back from the device, not from the page cache the write just filled: O_DIRECT into an aligned
+        # buffer, and the volume itself must have served the MiB.
+        served = sum(volume.read_coverage())
+        back = mmap.mmap(-1, MIB)
+        fd = os.open(point / "file", os.O_RDONLY | os.O_DIRECT)
+        try:
+            assert os.preadv(fd, [back], 0) == MIB
+        finally:
+            os.close(fd)
+        assert sum(volume.read_coverage()) - served >= MIB, "the read-back reached the volume"
+        assert bytes(back) == payload
     finally:
         subprocess.run(["umount", str(point)], check=True)
 
@@ -242,6 +254,7 @@ def test_cli_up_prints_the_device_last_and_status_lists_it():
     assert "pytest-cli" not in subprocess.run([lab_py, "status"], capture_output=True, text=True).stdout
 
 
+@pytest.mark.slow
 def test_fresh_lazy_volume_rises_to_a_flat_plateau_at_its_cap(lab_volume, tmp_path):
     """The seed's curve: random writes on fresh block storage start far below the provider's cap (every
     first write waits for the allocator) and rise to a flat plateau at it as blocks get allocated."""

@@ -13,7 +13,9 @@ The model, per request:
   own measured overhead (`overhead_read`/`overhead_write`, calibrated by lab.py), so qd1 latency seen
   through loop -> FUSE -> NBD matches the configured one;
 - lazy allocation: the first write to a never-written allocation unit takes `first_write_latency` instead,
-  and such writes are serialised (one allocator), while reads of never-written units return zeros at once.
+  and such writes are serialised (one allocator), while reads of never-written units return zeros at once;
+- trace: while set, every request served is appended to DIR/requests.log as `r|w OFFSET LENGTH`, so a test
+  can tell exactly which blocks a client touched.
 """
 
 import builtins  # this module defines open(), the nbdkit callback; files are opened through builtins
@@ -42,6 +44,17 @@ _allocated = None
 _reads = None  # bytes read per TRACE_UNIT, in DIR/reads.bin, for tests that check coverage block by block
 TRACE_UNIT = 64 * 1024
 _bucket = {"ops_tat": 0.0, "bytes_tat": 0.0}
+_trace = []  # the open requests.log, once tracing starts
+
+
+def _record(op, offset, length):
+    """Append one served request to the trace (the caller holds _lock)."""
+    if not _settings.get("trace"):
+        return
+    if not _trace:
+        # Kept open for the server's life, line buffered: every request is in the file when it completes.
+        _trace.append(builtins.open(os.path.join(_params["state"], "requests.log"), "a", buffering=1))  # noqa: SIM115
+    _trace[0].write(f"{op} {offset} {length}\n")
 
 
 def config(key, value):
@@ -214,6 +227,7 @@ def pread(h, buf, offset, flags):
     with _lock:
         _counters["reads"] += 1
         _counters["read_bytes"] += len(buf)
+        _record("r", offset, len(buf))
         for unit in range(offset // TRACE_UNIT, (end - 1) // TRACE_UNIT + 1):
             _reads[unit] += min(end, (unit + 1) * TRACE_UNIT) - max(offset, unit * TRACE_UNIT)
 
@@ -240,3 +254,4 @@ def pwrite(h, buf, offset, flags):
     with _lock:
         _counters["writes"] += 1
         _counters["written_bytes"] += len(buf)
+        _record("w", offset, len(buf))

@@ -1,165 +1,100 @@
-"""Shared fixtures: real block devices (loop, zram), filesystems on them, and a running exporter."""
+"""Fixtures over the shared harness (harness.py): real block devices (loop, zram), filesystems on them, lab
+volumes, a running exporter and a running Prometheus; and the markers that say which tests need what.
+
+Markers (declared in pyproject.toml): `root` for every test that makes block devices or mounts (added here to
+each test using a device fixture, and explicitly on the others; skipped when not run as root), `lab` for those
+on lab volumes, `slow` for those over ten seconds. `pytest -m "not root"` runs the rest, as any user.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "deploy" / "lab"))
-from lab import clean_stale_test_volumes, lab_volume  # noqa: E402, F401 - fixtures shared with the lab's tests
+from . import harness
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-MIB = 1024 * 1024
+# Re-exported: tests imported these from conftest before the harness existed (new code imports from .harness).
+from .harness import (  # noqa: F401
+    FIXTURES,
+    MIB,
+    REPO,
+    RunningExporter,
+    RunningPrometheus,
+    free_port,
+    have,
+    parse_metrics,
+    run,
+    sample_value,
+    sha256_of,
+    stop_fio,
+    volprobe_command,
+    write_config,
+)
 
-requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="creates block devices; CI runs the suite as root")
+# The lab's fixtures: lab_volume(**settings) -> Volume, and the session-wide clean-up of killed runs' volumes.
+lab_volume = harness.lab.lab_volume
+clean_stale_test_volumes = harness.lab.clean_stale_test_volumes
+
+# Kept for the tests that import it: a test (or module, via pytestmark) that needs root.
+requires_root = pytest.mark.root
+
+# Fixtures that make block devices or mount filesystems: a test using one needs root.
+ROOT_FIXTURES = frozenset({"make_loop", "mount_fs", "zram_device", "lab_volume"})
+LAB_FIXTURES = frozenset({"lab_volume"})
 
 
-def run(*cmd: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kwargs)
-
-
-def sha256_of(path: str, length: int | None = None) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        remaining = length
-        while remaining is None or remaining > 0:
-            chunk = f.read(MIB if remaining is None else min(MIB, remaining))
-            if not chunk:
-                break
-            digest.update(chunk)
-            if remaining is not None:
-                remaining -= len(chunk)
-    return digest.hexdigest()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the markers added here count
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    not_root = pytest.mark.skip(reason="needs root to make block devices; CI runs the suite as root")
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & ROOT_FIXTURES and item.get_closest_marker("root") is None:
+            item.add_marker(pytest.mark.root)
+        if fixtures & LAB_FIXTURES and item.get_closest_marker("lab") is None:
+            item.add_marker(pytest.mark.lab)
+        if item.get_closest_marker("root") is not None and os.geteuid() != 0:
+            item.add_marker(not_root)
 
 
 @pytest.fixture
 def make_loop(tmp_path: Path) -> Iterator[Callable[..., str]]:
     """make_loop(size=64MiB, direct_io=True, name=...) -> /dev/loopN over a sparse file in tmp_path."""
-    created: list[str] = []
+    with contextlib.ExitStack() as stack:
+        count = 0
 
-    def make(size: int = 64 * MIB, direct_io: bool = True, name: str = "disk") -> str:
-        backing = tmp_path / f"{name}-{len(created)}.img"
-        with open(backing, "wb") as f:
-            f.truncate(size)
-        dio = "--direct-io=on" if direct_io else "--direct-io=off"
-        device = run("losetup", "--find", "--show", dio, str(backing)).stdout.strip()
-        created.append(device)
-        return device
+        def make(size: int = 64 * MIB, direct_io: bool = True, name: str = "disk") -> str:
+            nonlocal count
+            backing = tmp_path / f"{name}-{count}.img"
+            count += 1
+            return stack.enter_context(harness.loop_device(backing, size, direct_io=direct_io))
 
-    yield make
-    for device in created:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            run("losetup", "--detach", device)
+        yield make
 
 
 @pytest.fixture
 def mount_fs(tmp_path: Path) -> Iterator[Callable[..., str]]:
     """mount_fs(device, fstype="ext4") -> mount point of a fresh filesystem on the device."""
-    mounted: list[str] = []
+    with contextlib.ExitStack() as stack:
+        count = 0
 
-    def mount(device: str, fstype: str = "ext4") -> str:
-        run(f"mkfs.{fstype}", *(["-q", "-F"] if fstype.startswith("ext") else ["-f"]), device)
-        point = tmp_path / f"mnt{len(mounted)}"
-        point.mkdir()
-        run("mount", device, str(point))
-        mounted.append(str(point))
-        return str(point)
+        def mount(device: str, fstype: str = "ext4") -> str:
+            nonlocal count
+            point = tmp_path / f"mnt{count}"
+            count += 1
+            return stack.enter_context(harness.mounted_fs(device, point, fstype))
 
-    yield mount
-    for point in reversed(mounted):
-        with contextlib.suppress(subprocess.CalledProcessError):
-            run("umount", point)
+        yield mount
 
 
 @pytest.fixture
 def zram_device() -> Iterator[str]:
     """A fresh 256 MiB zram device (RAM-backed: microsecond latency)."""
-    control = Path("/sys/class/zram-control/hot_add")
-    number = control.read_text().strip()
-    name = f"zram{number}"
-    Path(f"/sys/block/{name}/disksize").write_text(str(256 * MIB))
-    yield f"/dev/{name}"
-    with contextlib.suppress(OSError):
-        Path(f"/sys/block/{name}/reset").write_text("1")
-    with contextlib.suppress(OSError):
-        Path("/sys/class/zram-control/hot_remove").write_text(number)
-
-
-def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """{sample name: [(labels, value)]} of an exposition text."""
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return samples
-
-
-def sample_value(samples, name: str, **labels: str) -> float | None:
-    for found, value in samples.get(name, []):
-        if all(found.get(k) == v for k, v in labels.items()):
-            return value
-    return None
-
-
-@dataclass
-class RunningExporter:
-    process: subprocess.Popen
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def get(self, path: str = "/metrics", timeout: float = 5.0) -> str:
-        with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
-            return response.read().decode()
-
-    def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]]:
-        return parse_metrics(self.get())
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def wait_for(self, predicate: Callable[[dict], bool], timeout: float = 30.0, what: str = "condition"):
-        deadline = time.monotonic() + timeout
-        samples: dict = {}
-        while time.monotonic() < deadline:
-            samples = self.metrics()
-            if predicate(samples):
-                return samples
-            time.sleep(0.25)
-        raise AssertionError(f"timed out waiting for {what}; log:\n{self.log()[-3000:]}")
-
-    def stop(self, timeout: float = 15.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout)
-
-
-def volprobe_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "volprobe", *args]
+    with harness.zram(256 * MIB) as device:
+        yield device
 
 
 @pytest.fixture
@@ -168,77 +103,14 @@ def start_exporter(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
     running: list[RunningExporter] = []
 
     def start(*args: str, ready_timeout: float = 30.0, tls: bool = False) -> RunningExporter:
-        port = free_port()
         log_path = tmp_path / f"exporter-{len(running)}.log"
-        log_file = open(log_path, "w")  # noqa: SIM115 - closed with the process
-        process = subprocess.Popen(
-            volprobe_command("--web.listen-address", f"127.0.0.1:{port}", *args),
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-        exporter = RunningExporter(process, port, log_path)
+        exporter = harness.start_volprobe(*args, log_path=log_path, ready_timeout=ready_timeout, tls=tls)
         running.append(exporter)
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise AssertionError(f"exporter exited with {process.returncode}:\n{log_path.read_text()}")
-            with contextlib.suppress(OSError):
-                if tls:  # readiness over plain HTTP is not possible: wait for the listener
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                else:
-                    exporter.get("/-/ready", timeout=1)
-                return exporter
-            time.sleep(0.1)
-        raise AssertionError(f"exporter not ready:\n{log_path.read_text()}")
+        return exporter
 
     yield start
     for exporter in running:
-        if exporter.process.poll() is None:
-            exporter.process.kill()
-            exporter.process.wait(10)
-
-
-def stop_fio(process: subprocess.Popen) -> None:
-    """Stop a fio run: SIGTERM to its process group. fio forks its jobs; killing the parent alone would
-    leave them running, loading later tests, until their device goes away."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(15)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(5)
-
-
-def have(tool: str) -> bool:
-    return shutil.which(tool) is not None
-
-
-@dataclass
-class RunningPrometheus:
-    process: subprocess.Popen
-    port: int
-    log_path: Path
-
-    def api(self, path: str, **params: str) -> object:
-        import json
-        import urllib.parse
-
-        url = f"http://127.0.0.1:{self.port}/api/v1/{path}"
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=10) as response:
-            body = json.load(response)
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, expr: str) -> list:
-        return self.api("query", query=expr)["result"]
-
-    def alerts(self) -> list[dict]:
-        return self.api("alerts")["alerts"]
+        exporter.kill()
 
 
 @pytest.fixture
@@ -247,38 +119,10 @@ def start_prometheus(tmp_path: Path) -> Iterator[Callable[..., RunningPrometheus
     running: list[RunningPrometheus] = []
 
     def start(config_text: str) -> RunningPrometheus:
-        directory = tmp_path / f"prometheus-{len(running)}"
-        directory.mkdir()
-        (directory / "prometheus.yml").write_text(config_text)
-        port = free_port()
-        log_path = directory / "log"
-        log_file = open(log_path, "w")  # noqa: SIM115 - the child keeps it
-        process = subprocess.Popen(
-            [
-                "prometheus",
-                f"--config.file={directory / 'prometheus.yml'}",
-                f"--storage.tsdb.path={directory / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-        server = RunningPrometheus(process, port, log_path)
+        server = harness.start_prometheus(config_text, tmp_path / f"prometheus-{len(running)}")
         running.append(server)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise AssertionError(f"prometheus exited:\n{log_path.read_text()}")
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1).read()
-                return server
-            time.sleep(0.2)
-        raise AssertionError(f"prometheus not ready:\n{log_path.read_text()}")
+        return server
 
     yield start
     for server in running:
-        server.process.terminate()
-        try:
-            server.process.wait(20)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
+        server.stop()

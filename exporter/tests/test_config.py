@@ -169,7 +169,7 @@ def test_the_documented_example_parses_with_defaults(tmp_path):
     assert pgdata.probe_file_size == 64 << 20
     assert [(p.op, p.block_size, p.sync) for p in pgdata.probes] == [("write", 8192, True), ("read", 4096, False)]
     assert data.probes[0].interval == 0.5
-    assert data.probes[0].revisit == config.DEFAULT_REVISIT
+    assert data.probes[0].revisit == config.ProbeConfig.revisit
 
 
 def test_write_probes_default_to_o_dsync():

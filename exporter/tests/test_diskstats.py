@@ -4,7 +4,7 @@ import pytest
 
 from volprobe import diskstats
 
-from .conftest import FIXTURES
+from .harness import FIXTURES
 
 DIR = FIXTURES / "diskstats"
 

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import pytest
 
 from volprobe.stats import DEFAULT_BUCKETS
 
-from .conftest import MIB, requires_root, sample_value
+from .harness import MIB, sample_value, write_config
 
-pytestmark = requires_root
-
-
-def write_config(tmp_path: Path, text: str) -> str:
-    path = tmp_path / "volprobe.yml"
-    path.write_text(text)
-    return str(path)
+pytestmark = pytest.mark.root
 
 
 def count(samples, target: str, op: str = "read") -> float:
@@ -29,6 +22,7 @@ def count(samples, target: str, op: str = "read") -> float:
     )
 
 
+@pytest.mark.slow
 def test_a_stalled_device_blocks_neither_metrics_nor_other_targets(tmp_path, lab_volume, make_loop, start_exporter):
     stalling = lab_volume(size=64 * MIB, read_latency=0.0005)
     healthy = make_loop(16 * MIB)
@@ -120,10 +114,10 @@ targets: [{{name: gone, device: {volume.device}, probes: [{{op: read, interval: 
     exporter.wait_for(lambda s: count(s, "gone") >= 3, what="first samples")
     lab.down(volume.name)
     samples = exporter.wait_for(
-        lambda s: any(labels["target"] == "gone" for labels, _ in s.get("volprobe_probe_errors_total", [])),
+        lambda s: (sample_value(s, "volprobe_probe_failures_total", target="gone") or 0) > 0,
         what="errors from the vanished device",
     )
-    errnos = {labels["errno"] for labels, _ in samples["volprobe_probe_errors_total"]}
+    errnos = {labels["errno"] for labels, v in samples["volprobe_probe_errors_total"] if v > 0}
     # Reads open the device per probe, so the detach completes at once: a detached loop device reads as
     # empty (SHORT); had a request been in flight, it would have failed (EIO, ENOTCONN).
     assert errnos & {"SHORT", "EIO", "ENXIO", "ENOTCONN", "ENODEV"}, errnos
@@ -131,6 +125,7 @@ targets: [{{name: gone, device: {volume.device}, probes: [{{op: read, interval: 
     assert exporter.stop() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("latency", [0.002])
 def test_probe_latency_on_a_slow_device_matches_fio_paced_at_the_same_rate(
     tmp_path, lab_volume, start_exporter, latency

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from .conftest import MIB, requires_root, sample_value
+import pytest
 
-pytestmark = requires_root
+from .harness import MIB, sample_value
+
+pytestmark = pytest.mark.root
 
 
 def test_first_touch_writes_pay_the_allocation_and_never_written_blocks_read_as_zeros(

@@ -9,12 +9,12 @@ import subprocess
 import pytest
 import yaml
 
-from volprobe import mixin
+from volprobe import metrics, mixin
 from volprobe.config import ConfigError
 from volprobe.mixin import __main__ as generator
 from volprobe.mixin import rules
 
-from .conftest import REPO
+from .harness import REPO
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 RANGE_FUNCTIONS = re.compile(r"\b(rate|irate|increase|deriv|delta|changes)\(([^()]|\([^()]*\))*?\[([^\]]+)\]")
@@ -83,6 +83,7 @@ def test_every_alert_has_severity_summary_description_runbook_and_a_unit_test():
         "VolprobeProbesMissing",
         "VolprobeExporterDown",
         "VolprobeWarmupStalled",
+        "VolprobeConfigReloadFailed",
     }
     assert set(alerts) == expected
     runbook = (REPO / "alerts" / "runbook.md").read_text()
@@ -94,6 +95,7 @@ def test_every_alert_has_severity_summary_description_runbook_and_a_unit_test():
             "VolprobeProbesMissing",
             "VolprobeExporterDown",
             "VolprobeWarmupStalled",
+            "VolprobeConfigReloadFailed",
         )
         assert annotations["runbook_url"].endswith(f"#{name.lower()}")
         assert f"\n## {name}\n" in runbook, f"no runbook section for {name}"
@@ -132,6 +134,84 @@ def test_regeneration_is_one_command(tmp_path):
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "dashboards" / "volprobe-volume.json").read_text())["uid"] == "acme-volume"
     assert (tmp_path / "alerts" / "volprobe-rules.yml").exists()
+
+
+# -- metric names: every volprobe_* name in the committed files is declared in volprobe/metrics.py ---------------
+
+# Every committed file that names volprobe's series: generated rules and dashboards, their Kubernetes forms, the
+# hand-written promtool tests and the runbook.
+NAMING_FILES = sorted(
+    {
+        *DASHBOARDS,
+        *(REPO / "alerts").glob("*.yml"),
+        *(REPO / "alerts" / "tests").glob("*.yml"),
+        REPO / "alerts" / "runbook.md",
+        *(REPO / "deploy" / "kubernetes" / "base").glob("*.yaml"),
+    }
+)
+# A name with volprobe_ in it, whole: with its colons, a recorded series such as target_op:volprobe_...:p99.
+VOLPROBE_NAME = re.compile(r"[A-Za-z0-9_:]*volprobe_[A-Za-z0-9_:]*")
+# volprobe_* words that are not metrics, each with its reason.
+NOT_METRICS = {
+    "volprobe_test": "alerts/tests/volprobe_test.yml, a file named in a comment of alerts/tests/regression_test.yml",
+}
+# Prose may name a family (a histogram, a counter without _total); queries and test inputs name series.
+PROSE = {"runbook.md"}
+
+
+def recorded_names() -> set[str]:
+    """What the generated rules record (target_op:volprobe_probe_latency_seconds:p99, ...)."""
+    return {r["record"] for g in rules.document(mixin.DEFAULTS)["groups"] for r in g["rules"] if "record" in r}
+
+
+def volprobe_names(text: str) -> list[str]:
+    """The volprobe_* names in a text, escapes (JSON's \\n and \\") blanked so they do not join a name."""
+    return [name.rstrip(":") for name in VOLPROBE_NAME.findall(re.sub(r"\\.", " ", text))]
+
+
+def test_every_metric_name_in_dashboards_rules_tests_and_runbook_is_declared():
+    """A metric renamed in volprobe/metrics.py without regenerating (and without updating alerts/tests and the
+    runbook by hand) leaves its old name here: fail, and name each file and line."""
+    series, families, records = metrics.series_names(), {spec.name for spec in metrics.ALL}, recorded_names()
+    unknown = []
+    seen = set()
+    for path in NAMING_FILES:
+        allowed = series | records | set(NOT_METRICS) | (families if path.name in PROSE else set())
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for name in volprobe_names(line):
+                seen.add(name)
+                if name not in allowed:
+                    unknown.append(f"{path.relative_to(REPO)}:{number}: {name}")
+    assert not unknown, (
+        "names no metric declared in volprobe/metrics.py nor a rule records: declare it, or regenerate "
+        "(python -m volprobe.mixin --out .) and update alerts/tests and alerts/runbook.md by hand:\n"
+        + "\n".join(unknown)
+    )
+    assert len(seen) > 30, "the scan found the committed names"
+    assert set(NOT_METRICS) <= seen, "an allow-listed word no longer occurs: drop it from NOT_METRICS"
+
+
+def test_promtool_test_inputs_carry_the_declared_labels():
+    """Input series of alerts/tests have exactly the labels volprobe exports (plus job and instance)."""
+    declared = {}
+    for spec in metrics.ALL:
+        for name in spec.series_names():
+            declared[name] = {"job", "instance", *spec.labels}
+        if spec.kind == "histogram":
+            declared[spec.bucket].add("le")
+        if spec.kind == "summary":
+            declared[spec.name].add("quantile")
+    wrong = []
+    for path in sorted((REPO / "alerts" / "tests").glob("*.yml")):
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for series in test.get("input_series", []):
+                name, labels = re.fullmatch(r"([A-Za-z0-9_:]+)\{(.*)\}", series["series"]).groups()
+                if name not in declared:  # recorded series and up (an undeclared volprobe_* fails the test above)
+                    continue
+                keys = set(re.findall(r'(\w+)="', labels))
+                if keys != declared[name]:
+                    wrong.append(f"{path.name}: {name} has {sorted(keys)}, expected {sorted(declared[name])}")
+    assert not wrong, "\n".join(wrong)
 
 
 # -- dashboard lint, in the spirit of grafana/dashboard-linter -------------------------------------------------

@@ -11,8 +11,13 @@ import zlib
 import pytest
 
 from volprobe import probe
+from volprobe.config import ProbeConfig
 
-from .conftest import MIB, requires_root
+from .harness import MIB
+
+
+def spec(op: str, block_size: int, revisit: float) -> ProbeConfig:
+    return ProbeConfig(op, block_size, revisit=revisit)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1000, 4097])
@@ -85,7 +90,7 @@ def test_write_data_is_non_zero_incompressible_and_never_repeats():
     assert bytes(buffer).count(0) < 100
 
 
-@requires_root
+@pytest.mark.root
 @pytest.mark.parametrize("timer", ["c", "python"])
 def test_one_read_and_one_write_on_a_loop_device(make_loop, monkeypatch, timer):
     assert probe.TIMER == "c", "the C timer builds wherever the tests run (gcc and Python headers are there)"
@@ -95,12 +100,12 @@ def test_one_read_and_one_write_on_a_loop_device(make_loop, monkeypatch, timer):
     fd = os.open(loop, os.O_RDWR | os.O_DIRECT)
     try:
         io = probe.IOTarget(loop, os.O_RDWR | os.O_DIRECT, MIB, 15 * MIB)
-        writer = probe.ProbeIO("write", io, 8192, 0.0, random.Random(1), fd)
+        writer = probe.ProbeIO(spec("write", 8192, 0.0), io, random.Random(1), fd)
         outcome = writer.once()
         assert not outcome.error and outcome.latency_ns > 0
         assert MIB <= outcome.offset < 15 * MIB and outcome.offset % 8192 == 0
         written = bytes(writer.buffer)
-        reader = probe.ProbeIO("read", io, 8192, 1.0, random.Random(1), os.dup(fd))
+        reader = probe.ProbeIO(spec("read", 8192, 1.0), io, random.Random(1), os.dup(fd))
         back = reader.once()  # same seed, same first offset
         assert back.offset == outcome.offset and bytes(reader.buffer) == written and not back.zero
         reader.close()
@@ -108,11 +113,11 @@ def test_one_read_and_one_write_on_a_loop_device(make_loop, monkeypatch, timer):
         os.close(fd)
 
 
-@requires_root
+@pytest.mark.root
 def test_reads_of_never_written_blocks_are_flagged_as_zero(make_loop):
     loop = make_loop(16 * MIB)
     io = probe.IOTarget(loop, os.O_RDONLY | os.O_DIRECT, 0, 16 * MIB)
-    reader = probe.ProbeIO("read", io, 4096, 0.0, random.Random(2))
+    reader = probe.ProbeIO(spec("read", 4096, 0.0), io, random.Random(2))
     reader.open()
     assert reader.once().zero
     reader.close()
@@ -123,26 +128,28 @@ def test_errors_are_reported_by_errno_and_a_vanished_device_is_closed(tmp_path):
     short.write_bytes(b"x" * 100)
     # Reads open per request: a missing device is an open error, named by errno and path.
     gone = probe.ProbeIO(
-        "read", probe.IOTarget(str(tmp_path / "gone"), os.O_RDONLY, 0, 16 * MIB), 4096, 0.0, random.Random(2)
+        spec("read", 4096, 0.0), probe.IOTarget(str(tmp_path / "gone"), os.O_RDONLY, 0, 16 * MIB), random.Random(2)
     )
     outcome = gone.once()
     assert outcome.error == "ENOENT" and "open" in outcome.detail
     # A short transfer (here: past the end of a small file) is SHORT.
-    reader = probe.ProbeIO("read", probe.IOTarget(str(short), os.O_RDONLY, 0, 16 * MIB), 4096, 0.0, random.Random(2))
+    reader = probe.ProbeIO(
+        spec("read", 4096, 0.0), probe.IOTarget(str(short), os.O_RDONLY, 0, 16 * MIB), random.Random(2)
+    )
     assert reader.once().error == "SHORT"
     # A write probe keeps its descriptor; EBADF closes it so that the next probe reopens.
     writer = probe.ProbeIO(
-        "write", probe.IOTarget(str(short), os.O_RDWR, 0, 16 * MIB), 4096, 0.0, random.Random(2), fd=987654
+        spec("write", 4096, 0.0), probe.IOTarget(str(short), os.O_RDWR, 0, 16 * MIB), random.Random(2), fd=987654
     )
     outcome = writer.once()
     assert outcome.error == "EBADF" and writer.fd is None
 
 
-@requires_root
+@pytest.mark.root
 def test_reads_do_not_hold_the_device_open(make_loop):
     loop = make_loop(16 * MIB)
     reader = probe.ProbeIO(
-        "read", probe.IOTarget(loop, os.O_RDONLY | os.O_DIRECT, 0, 16 * MIB), 4096, 0.0, random.Random(2)
+        spec("read", 4096, 0.0), probe.IOTarget(loop, os.O_RDONLY | os.O_DIRECT, 0, 16 * MIB), random.Random(2)
     )
     assert not reader.once().error
     name = os.path.basename(loop)

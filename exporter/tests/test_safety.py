@@ -9,7 +9,7 @@ import pytest
 
 from volprobe import discovery, safety
 
-from .conftest import MIB, have, requires_root, run
+from .harness import MIB, have, run
 
 # (signature maker, the name our own scanner must report). Each runs the real tool on an image file.
 MAKERS = [
@@ -97,7 +97,7 @@ def test_holders_are_refused(tmp_path):
     assert refusal == "is held by dm-0 (device-mapper, md or similar)"
 
 
-@requires_root
+@pytest.mark.root
 class TestRawWriteRefusal:
     def host(self) -> discovery.Host:
         return discovery.Host()

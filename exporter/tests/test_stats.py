@@ -13,14 +13,55 @@ def exact_quantile(values, q):
     return ordered[max(1, math.ceil(q * len(ordered))) - 1]
 
 
+def bucket_bounds(index: int) -> tuple[int, int]:
+    """The integers [low, high] that bucket `index` holds, derived from the scheme itself (not from stats):
+    one bucket per value below 128, then 64 equal buckets per power-of-two range [2^m, 2^(m+1))."""
+    if index < 128:
+        return index, index
+    m = index // 64 + 5
+    width = 1 << (m - 6)
+    low = (1 << m) + (index % 64) * width
+    return low, low + width - 1
+
+
 def test_buckets_cover_every_value_and_are_ordered():
-    previous = -1
-    for ns in list(range(0, 5000)) + [2**k + d for k in range(12, 40) for d in (-1, 0, 1)]:
+    values = sorted({*range(0, 5000), *(2**k + d for k in range(12, 40) for d in (-1, 0, 1))})
+    previous_ns, previous_index = None, None
+    for ns in values:
         index = stats.bucket_index(ns)
-        assert index >= 0
-        if ns > previous:
-            assert index >= stats.bucket_index(max(previous, 0))
-        previous = ns
+        low, high = bucket_bounds(index)
+        assert low <= ns <= high, (ns, index, low, high)
+        midpoint = stats.bucket_midpoint(index)
+        assert midpoint == (low + high) / 2, (index, midpoint, low, high)
+        assert abs(midpoint - ns) <= stats.RELATIVE_ERROR * ns, (ns, index, midpoint)
+        if previous_ns == ns - 1:  # consecutive values: the same bucket or the next one, never a gap
+            assert index - previous_index in (0, 1), (ns, previous_index, index)
+        elif previous_ns is not None:
+            assert index > previous_index, (ns, previous_index, index)
+        previous_ns, previous_index = ns, index
+
+
+@pytest.mark.parametrize(
+    ("ns", "index"),
+    [
+        (0, 0),
+        (127, 127),  # the last exact bucket
+        (128, 128),  # [128, 129]: the first two-wide bucket
+        (129, 128),
+        (130, 129),
+        (255, 191),  # the last bucket of [128, 256)
+        (256, 192),  # [256, 259]
+        (1000, 317),  # [1000, 1007]: [2^9, 2^10) in steps of 8, step 61 (4 ranges of 64 after the exact 128)
+        (999_999, 954),  # 1 ms lies in [999424, 1007615]: [2^19, 2^20) in steps of 8192, step 58
+        (1_000_000, 954),
+        (2**30 - 1, 1599),
+        (2**30, 1600),
+    ],
+)
+def test_known_bucket_indexes(ns, index):
+    assert stats.bucket_index(ns) == index
+    low, high = bucket_bounds(index)
+    assert low <= ns <= high
 
 
 @pytest.mark.parametrize("ns", [0, 1, 63, 64, 127])

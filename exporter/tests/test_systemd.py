@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .harness import REPO
 
 UNITS = REPO / "systemd"
 

@@ -9,10 +9,11 @@ import time
 from pathlib import Path
 
 import lab
+import pytest
 
-from .conftest import MIB, requires_root, sample_value, stop_fio
+from .harness import MIB, sample_value, stop_fio
 
-pytestmark = requires_root
+pytestmark = [pytest.mark.root, pytest.mark.slow]  # each test loads devices for over a minute
 
 
 def fio_load(device: str, *options: str, runtime: float) -> subprocess.Popen:
@@ -50,6 +51,10 @@ def start(tmp_path: Path, start_exporter, volumes: dict[str, object]):
     # The unloaded latency comes from the probes: let them see each volume idle first.
     exporter.wait_for(lambda s: probes_ready(s, list(volumes)), what="probes on the idle volumes")
     return exporter
+
+
+# What the detector exports for a device it judged not throttled: every limit and direction at 0.
+NOT_THROTTLED = {(limit, direction): 0.0 for limit in ("iops", "bandwidth") for direction in ("read", "write", "total")}
 
 
 def device_of(volume) -> str:
@@ -151,10 +156,21 @@ def test_idle_bursty_and_latency_bound_qd1_are_not_flagged(tmp_path, lab_volume,
     try:
         deadline = time.monotonic() + 65
         seen_qd1 = []
+        judged_since: dict[str, float] = {}  # volume -> when the detector's verdicts on it were first exported
         while time.monotonic() < deadline:
             samples = exporter.metrics()
             active = [(labels, v) for labels, v in samples.get("volprobe_throttle_active", []) if v == 1]
             assert active == [], f"false plateau: {active}"
+            for name, volume in volumes.items():
+                verdict = {
+                    (labels["limit"], labels["dir"]): v
+                    for labels, v in samples.get("volprobe_throttle_active", [])
+                    if labels["device"] == device_of(volume)
+                }
+                if verdict == NOT_THROTTLED:
+                    judged_since.setdefault(name, time.monotonic())
+                else:
+                    assert name not in judged_since, f"the detector's verdicts on {name} went away: {verdict}"
             dev = device_of(volumes["qd1"])
             writes = sample_value(samples, "volprobe_disk_writes_completed_total", device=dev)
             busy = sample_value(samples, "volprobe_disk_write_time_seconds_total", device=dev)
@@ -165,6 +181,20 @@ def test_idle_bursty_and_latency_bound_qd1_are_not_flagged(tmp_path, lab_volume,
         # loaded CI machine the emulation chain's CPU time slows a "2 ms" write to ~3 ms, hence the wide range.
         rate, depth = (w1 - w0) / (t1 - t0), (b1 - b0) / (t1 - t0)
         assert 250 < rate < 600 and 0.75 < depth < 1.1, f"the qd1 load ran at {rate:.0f} IOPS, depth {depth:.2f}"
+        # "Never flagged" means something only if the detector judged these devices all along: a 0 for every
+        # limit and direction of each, from the first seconds on (>= 45 s: a detector needs 15 s of window to
+        # flag anything), not missing series; none spent a second on a plateau between two scrapes either; and
+        # it read the loaded device's diskstats: the probes were a small share of that device's I/O.
+        assert set(judged_since) == set(volumes), f"no verdicts on {set(volumes) - set(judged_since)}"
+        assert all(deadline - since >= 45 for since in judged_since.values()), judged_since
+        for volume in volumes.values():
+            seconds = [
+                v
+                for labels, v in samples.get("volprobe_throttle_seconds_total", [])
+                if labels["device"] == device_of(volume)
+            ]
+            assert len(seconds) == len(NOT_THROTTLED) and sum(seconds) == 0, (device_of(volume), seconds)
+        assert sample_value(samples, "volprobe_probe_share_ratio", device=device_of(volumes["qd1"])) < 0.2
     finally:
         stop.set()
         burster.join()

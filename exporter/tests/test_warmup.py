@@ -12,7 +12,7 @@ import pytest
 
 from volprobe import warmup
 
-from .conftest import MIB, requires_root, run, sample_value, volprobe_command
+from .harness import MIB, run, sample_value, volprobe_command
 
 
 def test_extents_track_a_low_water_mark_and_the_blocks_above_it():
@@ -87,7 +87,7 @@ def test_rate_limiter_holds_the_rate():
     assert 1.8 <= elapsed <= 2.3  # the 16th MiB may start at 15/8 s, less the 0.05 s burst
 
 
-@requires_root
+@pytest.mark.root
 def test_warmup_cli_reads_every_block(lab_volume, tmp_path):
     volume = lab_volume(size=32 * MIB, read_latency=0.0005)
     result = subprocess.run(
@@ -99,7 +99,7 @@ def test_warmup_cli_reads_every_block(lab_volume, tmp_path):
     assert all(count >= 64 * 1024 for count in coverage), "every 64 KiB of the device was read"
 
 
-@requires_root
+@pytest.mark.root
 def test_warmup_resumes_after_kill_9_with_no_gap_and_one_interval_reread(lab_volume, tmp_path):
     rate, interval, jobs, block = 16 * MIB, 1.0, 4, MIB
     volume = lab_volume(size=96 * MIB, read_latency=0.0005)
@@ -141,15 +141,15 @@ def test_warmup_resumes_after_kill_9_with_no_gap_and_one_interval_reread(lab_vol
     assert third.returncode == 0 and volume.read_coverage() == coverage
 
 
-@requires_root
+@pytest.mark.root
 def test_write_mode_is_refused_on_a_device_with_a_filesystem(make_loop):
     loop = make_loop(32 * MIB)
     run("mkfs.ext4", "-q", "-F", loop)
     result = subprocess.run(volprobe_command("warmup", loop, "--write", "-q"), capture_output=True, text=True)
-    assert result.returncode == 2 and "refusing to write" in result.stderr and "ext4" in result.stderr
+    assert result.returncode == 2 and "refusing raw writes" in result.stderr and "ext4" in result.stderr
 
 
-@requires_root
+@pytest.mark.root
 def test_write_mode_allocates_a_lazy_volume_then_reads_it(lab_volume):
     volume = lab_volume(size=32 * MIB, alloc_unit=MIB, lazy=True, first_write_latency=0.005)
     result = subprocess.run(
@@ -162,7 +162,7 @@ def test_write_mode_allocates_a_lazy_volume_then_reads_it(lab_volume):
         assert f.read(MIB) == bytes(MIB)
 
 
-@requires_root
+@pytest.mark.root
 def test_resident_warmup_exports_progress_to_done(tmp_path, lab_volume, start_exporter):
     volume = lab_volume(size=32 * MIB, read_latency=0.0005)
     state_dir = tmp_path / "state"
@@ -192,6 +192,42 @@ targets:
         what="warm-up done",
     )
     assert sample_value(samples, "volprobe_warmup_done_bytes", target="restored") == 32 * MIB
-    assert json.loads((state_dir / "warmup-restored.json").read_text())["phase"] == "done"
+    # The checkpoint is the warm-up section of the volume's state, keyed by the volume (a loop device has no
+    # serial: its name and size), not by the target's name.
+    name = os.path.basename(volume.device)
+    state = state_dir / f"volume-name_{name}_{32 * MIB}.json"
+    assert json.loads(state.read_text())["sections"]["warmup"]["phase"] == "done"
     assert exporter.stop() == 0
-    assert os.path.exists(state_dir / "warmup-restored.json")
+    assert json.loads(state.read_text())["sections"]["warmup"]["phase"] == "done"
+
+
+@pytest.mark.root
+def test_a_checkpoint_of_an_earlier_version_is_carried_over(tmp_path, lab_volume, start_exporter):
+    volume = lab_volume(size=16 * MIB)
+    loop = volume.device
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    # Half done, as an earlier version left it: a file named after the target.
+    identity = warmup.Identity(os.path.realpath(loop), 16 * MIB, MIB, "read")
+    half = warmup.Extents(16)
+    half.mark = 8
+    warmup.save_state(str(state_dir / "warmup-old.json"), identity, "read", half)
+    config = tmp_path / "volprobe.yml"
+    config.write_text(
+        f"state_directory: {state_dir}\n"
+        f"targets: [{{name: old, device: {loop}, probes: [{{op: read, interval: 2m}}], warmup: {{jobs: 1}}}}]\n"
+    )
+    before = volume.read_coverage()
+    exporter = start_exporter("--config", str(config))
+    samples = exporter.wait_for(
+        lambda s: sample_value(s, "volprobe_warmup_state", target="old", state="done") == 1, what="warm-up done"
+    )
+    assert sample_value(samples, "volprobe_warmup_done_bytes", target="old") == 16 * MIB
+    read = [after - earlier for after, earlier in zip(volume.read_coverage(), before, strict=True)]
+    half = len(read) // 2
+    # The second half was read whole, the first (done before the upgrade) not again: one 4 KiB probe at most.
+    assert all(count >= 64 * 1024 for count in read[half:]) and sum(read[:half]) <= 4096
+    assert not (state_dir / "warmup-old.json").exists() and (state_dir / "warmup-old.json.migrated").exists()
+    state = json.loads((state_dir / f"volume-name_{os.path.basename(loop)}_{16 * MIB}.json").read_text())
+    assert state["sections"]["warmup"]["phase"] == "done"
+    assert exporter.stop() == 0

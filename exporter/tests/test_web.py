@@ -12,7 +12,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from .conftest import volprobe_command
+from .harness import volprobe_command
 
 PASSWORD = "correct horse battery staple"
 

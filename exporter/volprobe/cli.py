@@ -13,15 +13,17 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from . import __version__, safety, targets, units, warmup
-from .collector import VolprobeCollector
-from .config import Config, ConfigError, ProbeConfig, TargetConfig, from_paths, load
+from . import __version__, ops, safety, targets, units, warmup
+from .collectors import Sources, VolprobeCollector, add_flags, enabled_from_args
+from .config import Config, ConfigError, ProbeConfig, TargetConfig, WarmupConfig, from_paths, load
 from .discovery import Host
 from .probe import Pacer, ProbeIO
 from .runtime import Exporter
+from .runtime.follow import pattern_matches
 from .server import ExporterHTTPServer, landing_page, parse_listen_address
 from .webconfig import WebConfigWatcher
 
@@ -99,6 +101,7 @@ def run_exporter(argv: Sequence[str]) -> int:
     parser.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warn", "error"])
     parser.add_argument("--version", action="version", version=f"volprobe {__version__}")
     _add_path_flags(parser)
+    add_flags(parser)
     args = parser.parse_args(argv)
     setup_logging("warning" if args.log_level == "warn" else args.log_level)
     limit_malloc_arenas()
@@ -114,13 +117,12 @@ def run_exporter(argv: Sequence[str]) -> int:
     host = _host(args)
     exporter = Exporter(config, host)
     registry = CollectorRegistry(auto_describe=False)
-    collector = VolprobeCollector(exporter, args.procfs)
-    registry.register(collector)
+    registry.register(VolprobeCollector(Sources(exporter, Path(args.procfs)), enabled_from_args(args)))
     ProcessCollector(registry=registry, proc=args.procfs)
     PlatformCollector(registry=registry)
 
     def landing() -> str:
-        resolved, _ = exporter.snapshot()
+        resolved = exporter.probes.targets()
         return landing_page(
             [
                 (
@@ -143,7 +145,7 @@ def run_exporter(argv: Sequence[str]) -> int:
     except ConfigError as err:
         server.server_close()
         return _report(err)
-    if not exporter.probes and config.discovery is None:
+    if not exporter.probes.running() and config.discovery is None:
         log.warning("no targets: nothing to probe (give --config or --target)")
 
     wake = threading.Event()
@@ -158,7 +160,7 @@ def run_exporter(argv: Sequence[str]) -> int:
     serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True)
     serving.start()
     server.ready.set()
-    log.info("volprobe %s listening on %s (%d probes)", __version__, args.listen, len(exporter.probes))
+    log.info("volprobe %s listening on %s (%d probes)", __version__, args.listen, len(exporter.probes.running()))
     while True:
         wake.wait()
         wake.clear()
@@ -184,6 +186,7 @@ def reload_config(args: argparse.Namespace, exporter: Exporter) -> None:
     try:
         exporter.reload(load(args.config))
     except ConfigError as err:
+        exporter.note_reload(False)
         log.error("configuration %s rejected, keeping the running one: %s", args.config, " | ".join(err.problems))
 
 
@@ -191,7 +194,7 @@ def reload_config(args: argparse.Namespace, exporter: Exporter) -> None:
 
 
 def _describe_probe(probe: ProbeConfig) -> str:
-    sync = " O_DSYNC" if probe.op == "write" and probe.sync else ""
+    sync = " O_DSYNC" if probe.sync else ""
     return (
         f"{probe.op} {units.format_size(probe.block_size)} every {units.format_duration(probe.interval)}"
         f"{sync}, jitter {probe.jitter:.0%}, revisit {probe.revisit:.0%}"
@@ -203,9 +206,10 @@ def run_check_config(argv: Sequence[str]) -> int:
     parser.add_argument("file")
     _add_path_flags(parser)
     args = parser.parse_args(argv)
+    host = _host(args)
     try:
         config = load(args.file)
-        resolved = targets.resolve(config, _host(args))
+        resolved = targets.resolve(config, host)
     except ConfigError as err:
         return _report(err)
     print(f"{args.file}: OK, {len(resolved)} target(s), window {units.format_duration(config.window)}")
@@ -222,6 +226,11 @@ def run_check_config(argv: Sequence[str]) -> int:
             f"- discovery: include {list(d.include) or ['*']}, exclude {list(d.exclude)}, "
             f"rescan every {units.format_duration(d.rescan_interval)}"
         )
+        for key, pattern, matched in pattern_matches(host, d):
+            found = ", ".join(matched) if matched else "no device now (patterns match whole kernel names)"
+            print(f"    {key} {pattern!r}: {found}")
+        for probe in d.probes:
+            print(f"    {_describe_probe(probe)}")
     return 0
 
 
@@ -283,35 +292,40 @@ def run_ping(argv: Sequence[str]) -> int:
     )
     parser.add_argument("path", help="block device, or directory (writes go to its probe file)")
     parser.add_argument("-c", "--count", type=int, default=0, help="stop after N probes (default: until ^C)")
-    parser.add_argument("-i", "--interval", default="1s", help="time between probes (default 1s)")
+    parser.add_argument(
+        "-i", "--interval", default=units.format_duration(ProbeConfig.interval), help="time between probes (default 1s)"
+    )
     parser.add_argument("-s", "--block-size", default=None, help="request size (default 4KiB read, 8KiB write)")
     parser.add_argument("--write", action="store_true", help="write probes (O_DSYNC) instead of reads")
     parser.add_argument("--no-sync", action="store_true", help="writes without O_DSYNC")
     parser.add_argument("--allow-raw-writes", action="store_true", help="permit writes to a blank raw device")
-    parser.add_argument("--probe-file-size", default="64MiB", help="size of a new probe file (default 64MiB)")
+    parser.add_argument(
+        "--probe-file-size",
+        default=str(TargetConfig.probe_file_size),
+        help="size of a new probe file (default 64MiB)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the statistics")
     _add_path_flags(parser)
     args = parser.parse_args(argv)
     setup_logging("warning")
-    op = "write" if args.write else "read"
+    kind = ops.WRITE if args.write else ops.READ
     try:
         interval = units.parse_duration(args.interval)
-        block_size = units.parse_size(args.block_size) if args.block_size else (8192 if args.write else 4096)
+        block_size = units.parse_size(args.block_size) if args.block_size else 0
         file_size = units.parse_size(args.probe_file_size)
     except ValueError as err:
         return _report(ConfigError([str(err)]))
     is_dir = os.path.isdir(args.path)
-    probe = ProbeConfig(op, block_size, interval, args.write and not args.no_sync, 0.0, 0.0, "ping")
+    probe = ProbeConfig(kind.name, block_size, interval, sync=not args.no_sync, jitter=0.0, revisit=0.0, key="ping")
     target = TargetConfig(
         key="ping",
-        name=None,
         device=None if is_dir else args.path,
         directory=args.path if is_dir else None,
         probe_file_size=file_size,
         allow_raw_writes=args.allow_raw_writes,
         probes=(probe,),
     )
-    if op == "write" and not is_dir and not args.allow_raw_writes:
+    if kind.writes and not is_dir and not args.allow_raw_writes:
         return _report(ConfigError(["ping: --write on a raw device needs --allow-raw-writes (and a blank device)"]))
     host = _host(args)
     try:
@@ -321,11 +335,12 @@ def run_ping(argv: Sequence[str]) -> int:
         return _report(err)
     chosen = resolved[0]
     io = targets.io_target(host, chosen, probe)
-    runner = ProbeIO(op, io, block_size, 0.0, random.Random(), chosen.fds.pop(op, None))
-    kind = "probe file" if (is_dir and op == "write") else "block device"
-    size = chosen.config.probe_file_size if kind == "probe file" else chosen.device.size_bytes
-    title = f"{io.path} ({kind} {units.format_size(size)}, {chosen.device.name})"
-    arrow = ">>>" if op == "write" else "<<<"
+    runner = ProbeIO(probe, io, random.Random(), chosen.fds.pop(probe.op, None))
+    where = "probe file" if (is_dir and kind.writes) else "block device"
+    size = chosen.config.probe_file_size if where == "probe file" else chosen.device.size_bytes
+    title = f"{io.path} ({where} {units.format_size(size)}, {chosen.device.name})"
+    arrow = kind.arrow
+    block_size = probe.block_size
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     latencies: list[float] = []
@@ -367,7 +382,7 @@ def run_ping(argv: Sequence[str]) -> int:
     busy = sum(latencies)
     print(
         f"{len(latencies)} requests completed in {units.format_duration(busy)}, {errors} errors, "
-        f"{units.format_size(block_size * len(latencies))} {'written' if args.write else 'read'}, "
+        f"{units.format_size(block_size * len(latencies))} {'written' if kind.writes else 'read'}, "
         f"{len(latencies) / busy:.0f} iops at queue depth 1, run {units.format_duration(elapsed)}"
     )
     mdev = statistics.pstdev(latencies) if len(latencies) > 1 else 0.0
@@ -393,10 +408,14 @@ def run_warmup(argv: Sequence[str]) -> int:
     )
     parser.add_argument("device")
     parser.add_argument("--rate", default=None, help="bytes per second, e.g. 100MiB (default: unlimited)")
-    parser.add_argument("--jobs", type=int, default=4, help="parallel requests (default 4)")
-    parser.add_argument("--block-size", default="1MiB", help="request size (default 1MiB)")
+    parser.add_argument("--jobs", type=int, default=WarmupConfig.jobs, help="parallel requests (default 4)")
+    parser.add_argument("--block-size", default=str(WarmupConfig.block_size), help="request size (default 1MiB)")
     parser.add_argument("--state", help="checkpoint file: resume from it, and keep progress in it")
-    parser.add_argument("--checkpoint-interval", default="5s", help="how often progress is saved (default 5s)")
+    parser.add_argument(
+        "--checkpoint-interval",
+        default=units.format_duration(warmup.WarmupJob.checkpoint_interval),
+        help="how often progress is saved (default 5s)",
+    )
     parser.add_argument("--write", action="store_true", help="write every block first (blank devices only)")
     parser.add_argument("--no-idle-priority", action="store_true", help="do not lower the I/O priority")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar, only the summary")
@@ -411,21 +430,20 @@ def run_warmup(argv: Sequence[str]) -> int:
             raise ValueError("--jobs must be at least 1")
     except ValueError as err:
         return _report(ConfigError([f"warmup: {err}"]))
-    host = _host(args)
+    spec = WarmupConfig(
+        mode="write" if args.write else "read",
+        rate=rate,
+        jobs=args.jobs,
+        block_size=block_size,
+        idle_priority=not args.no_idle_priority,
+    )
+    target = TargetConfig(key="warmup", device=args.device, allow_raw_writes=args.write, warmup=spec)
     try:
-        job = warmup.job_for(
-            host,
-            args.device,
-            "write" if args.write else "read",
-            block_size,
-            args.jobs,
-            rate,
-            args.state,
-            not args.no_idle_priority,
-            interval,
-        )
+        resolved = targets.resolve(Config(targets=(target,)), _host(args))[0]
     except ConfigError as err:
         return _report(err)
+    job = warmup.WarmupJob.for_target(resolved, spec, None, state_path=args.state)
+    job.checkpoint_interval = interval
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: (stop.set(), job.stop()))
     signal.signal(signal.SIGTERM, lambda *_: (stop.set(), job.stop()))

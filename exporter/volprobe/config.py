@@ -15,19 +15,11 @@ from typing import Any
 
 import yaml
 
-from . import stats, units
+from . import ops, stats, units
 
-OPS = ("read", "write")
 WARMUP_MODES = ("read", "write")
 DISKSTATS_SCOPES = ("probed", "all")
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
-
-DEFAULT_INTERVAL = 1.0
-DEFAULT_WINDOW = 300.0
-DEFAULT_JITTER = 0.1
-DEFAULT_REVISIT = 0.25
-DEFAULT_PROBE_FILE_SIZE = 64 * 1024**2
-DEFAULT_BLOCK_SIZE = {"read": 4096, "write": 8192}
 PROBE_FILE_NAME = ".volprobe-probe"
 BUILTIN = "<built-in default>"
 
@@ -42,13 +34,29 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class ProbeConfig:
+    """One probe. Unset fields take the op's defaults: its block size, and O_DSYNC for writes."""
+
     op: str
-    block_size: int
-    interval: float
-    sync: bool
-    jitter: float
-    revisit: float
-    key: str = ""
+    block_size: int = 0
+    interval: float = 1.0
+    sync: bool | None = None
+    jitter: float = 0.1  # fraction of the interval each probe is randomly delayed by
+    revisit: float = 0.25  # fraction of probes sent to offsets probed before
+    key: str = ""  # where it sits in the config file, for error messages
+
+    def __post_init__(self) -> None:
+        kind = ops.get(self.op)
+        if not self.block_size:
+            object.__setattr__(self, "block_size", kind.default_block_size)
+        object.__setattr__(self, "sync", kind.writes if self.sync is None else bool(self.sync and kind.writes))
+
+    @property
+    def kind(self) -> ops.Op:
+        return ops.OPS[self.op]
+
+    @property
+    def open_flags(self) -> int:
+        return self.kind.open_flags(bool(self.sync))
 
 
 @dataclass(frozen=True)
@@ -69,18 +77,27 @@ class WarmupConfig:
 @dataclass(frozen=True)
 class TargetConfig:
     key: str
-    name: str | None
-    device: str | None
-    directory: str | None
-    probe_file_size: int
-    allow_raw_writes: bool
-    probes: tuple[ProbeConfig, ...]
+    name: str | None = None
+    device: str | None = None
+    directory: str | None = None
+    probe_file_size: int = 64 * 1024**2
+    allow_raw_writes: bool = False
+    probes: tuple[ProbeConfig, ...] = ()
     limits: Limits = field(default_factory=Limits)
     warmup: WarmupConfig | None = None
 
     @property
     def path(self) -> str:
         return self.device or self.directory or ""
+
+    @property
+    def kind(self) -> str:
+        return "directory" if self.directory else "device"
+
+    @property
+    def writes(self) -> bool:
+        """Whether anything writes to the target: a write probe, or a warm-up in write mode."""
+        return any(p.kind.writes for p in self.probes) or bool(self.warmup and self.warmup.mode == "write")
 
 
 @dataclass(frozen=True)
@@ -95,14 +112,14 @@ class ThrottleConfig:
 class DiscoveryConfig:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    probes: tuple[ProbeConfig, ...] = ()
+    probes: tuple[ProbeConfig, ...] = (ProbeConfig("read"),)
     rescan_interval: float = 5.0
 
 
 @dataclass(frozen=True)
 class Config:
-    targets: tuple[TargetConfig, ...]
-    window: float = DEFAULT_WINDOW
+    targets: tuple[TargetConfig, ...] = ()
+    window: float = 300.0
     buckets: tuple[float, ...] = stats.DEFAULT_BUCKETS
     diskstats: str = "probed"
     throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
@@ -136,6 +153,18 @@ class _Checker:
                 hint = ", ".join(sorted(allowed))
                 self.fail(_join(key, str(name)), f"unknown key (expected one of: {hint})")
         return dict(value)
+
+    def present(self, data: Mapping[str, Any], key: str, parsers: Mapping[str, Callable[[Any], Any]]) -> dict[str, Any]:
+        """The keys of `data` that are set, parsed: what overrides a dataclass's defaults."""
+        values: dict[str, Any] = {}
+        for name, parse in parsers.items():
+            if data.get(name) is None:
+                continue
+            try:
+                values[name] = parse(data[name])
+            except (ValueError, TypeError) as err:
+                self.fail(_join(key, name), str(err))
+        return values
 
     def convert(self, data: Mapping[str, Any], name: str, key: str, parse: Callable[[Any], Any], default: Any):
         if name not in data or data[name] is None:
@@ -225,52 +254,48 @@ def _string_list(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-_PROBE_KEYS = {"op", "block_size", "interval", "sync", "jitter", "revisit"}
-_DEFAULT_KEYS = {"interval", "window", "jitter", "revisit", "buckets", "probe_file_size"}
-_TARGET_KEYS = {
-    "name",
-    "device",
-    "directory",
-    "probe_file_size",
-    "allow_raw_writes",
-    "probes",
-    "limits",
-    "warmup",
+_PROBE_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "op": _choice(ops.NAMES),
+    "block_size": _positive_size,
+    "interval": _positive_duration,
+    "sync": _bool,
+    "jitter": _ratio,
+    "revisit": _ratio,
 }
+_PROBE_DEFAULT_KEYS = ("interval", "jitter", "revisit")  # keys of `defaults:` that apply to every probe
+_DEFAULT_KEYS = {*_PROBE_DEFAULT_KEYS, "window", "buckets", "probe_file_size"}
+_TARGET_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "name": _name,
+    "device": _path,
+    "directory": _path,
+    "allow_raw_writes": _bool,
+    "probe_file_size": _positive_size,
+}
+_TARGET_KEYS = {*_TARGET_PARSERS, "probes", "limits", "warmup"}
 _TOP_KEYS = {"defaults", "targets", "diskstats", "throttle", "discovery", "state_directory"}
 
 
 @dataclass(frozen=True)
 class _Defaults:
-    interval: float = DEFAULT_INTERVAL
-    jitter: float = DEFAULT_JITTER
-    revisit: float = DEFAULT_REVISIT
-    probe_file_size: int = DEFAULT_PROBE_FILE_SIZE
+    """The `defaults:` section: overrides of the dataclasses' own defaults, only for the keys it sets."""
+
+    probe: Mapping[str, Any] = field(default_factory=dict)  # interval, jitter, revisit
+    probe_file_size: int | None = None
 
 
 def _probe(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> ProbeConfig | None:
-    data = check.mapping(raw, key, _PROBE_KEYS)
+    data = check.mapping(raw, key, set(_PROBE_PARSERS))
     if not isinstance(raw, Mapping):
         return None
     if "op" not in data:
-        check.fail(_join(key, "op"), "is required (read or write)")
+        check.fail(_join(key, "op"), f"is required ({' or '.join(ops.NAMES)})")
         return None
-    op = check.convert(data, "op", key, _choice(OPS), None)
-    if op is None:
+    values = check.present(data, key, _PROBE_PARSERS)
+    if "op" not in values:
         return None
-    sync_default = op == "write"
-    sync = check.convert(data, "sync", key, _bool, sync_default)
-    if op == "read" and data.get("sync") is True:
+    if not ops.get(values["op"]).writes and data.get("sync") is True:
         check.fail(_join(key, "sync"), "only applies to write probes")
-    return ProbeConfig(
-        op=op,
-        block_size=check.convert(data, "block_size", key, _positive_size, DEFAULT_BLOCK_SIZE[op]),
-        interval=check.convert(data, "interval", key, _positive_duration, defaults.interval),
-        sync=sync,
-        jitter=check.convert(data, "jitter", key, _ratio, defaults.jitter),
-        revisit=check.convert(data, "revisit", key, _ratio, defaults.revisit),
-        key=key,
-    )
+    return ProbeConfig(**{**defaults.probe, **values, "key": key})
 
 
 def _probes(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> tuple[ProbeConfig, ...]:
@@ -291,31 +316,28 @@ def _probes(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> tuple[P
 
 def _limits(check: _Checker, raw: Any, key: str) -> Limits:
     data = check.mapping(raw, key, {"iops", "bandwidth"})
-    return Limits(
-        iops=check.convert(data, "iops", key, _positive_number, None),
-        bandwidth=check.convert(data, "bandwidth", key, _positive_size, None),
-    )
+    return Limits(**check.present(data, key, {"iops": _positive_number, "bandwidth": _positive_size}))
+
+
+_WARMUP_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "mode": _choice(WARMUP_MODES),
+    "rate": _positive_size,
+    "jobs": _positive_int,
+    "block_size": _positive_size,
+    "idle_priority": _bool,
+}
 
 
 def _warmup(check: _Checker, raw: Any, key: str) -> WarmupConfig:
-    data = check.mapping(raw, key, {"mode", "rate", "jobs", "block_size", "idle_priority"})
-    return WarmupConfig(
-        mode=check.convert(data, "mode", key, _choice(WARMUP_MODES), "read"),
-        rate=check.convert(data, "rate", key, _positive_size, None),
-        jobs=check.convert(data, "jobs", key, _positive_int, 4),
-        block_size=check.convert(data, "block_size", key, _positive_size, 1024**2),
-        idle_priority=check.convert(data, "idle_priority", key, _bool, True),
-    )
+    data = check.mapping(raw, key, set(_WARMUP_PARSERS))
+    return WarmupConfig(**check.present(data, key, _WARMUP_PARSERS))
 
 
 def default_probes(kind: str, defaults: _Defaults | None = None, key: str = "") -> tuple[ProbeConfig, ...]:
     """Probes of a target that names none: reads on a device, a sync write and a read in a directory."""
-    d = defaults or _Defaults()
-    ops = ("write", "read") if kind == "directory" else ("read",)
-    return tuple(
-        ProbeConfig(op, DEFAULT_BLOCK_SIZE[op], d.interval, op == "write", d.jitter, d.revisit, f"{key}[{i}]")
-        for i, op in enumerate(ops)
-    )
+    overrides = defaults.probe if defaults else {}
+    names = (ops.WRITE.name, ops.READ.name) if kind == "directory" else (ops.READ.name,)
+    return tuple(ProbeConfig(name, **overrides, key=f"{key}[{i}]") for i, name in enumerate(names))
 
 
 def _target(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> TargetConfig | None:
@@ -323,8 +345,7 @@ def _target(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> TargetC
         check.fail(key, f"must be a mapping, got {type(raw).__name__}")
         return None
     data = check.mapping(raw, key, _TARGET_KEYS)
-    device = check.convert(data, "device", key, _path, None)
-    directory = check.convert(data, "directory", key, _path, None)
+    values = check.present(data, key, _TARGET_PARSERS)
     if "device" in data and "directory" in data:
         check.fail(key, "has both device and directory; a target is one or the other")
     elif "device" not in data and "directory" not in data:
@@ -334,50 +355,48 @@ def _target(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> TargetC
         probes = _probes(check, data["probes"], _join(key, "probes"), defaults)
     else:
         probes = default_probes(kind, defaults, _join(key, "probes"))
-    allow_raw = check.convert(data, "allow_raw_writes", key, _bool, False)
     if kind == "directory" and "allow_raw_writes" in data:
         check.fail(_join(key, "allow_raw_writes"), "only applies to device targets")
-    size = check.convert(data, "probe_file_size", key, _positive_size, defaults.probe_file_size)
     if kind == "device" and "probe_file_size" in data:
         check.fail(_join(key, "probe_file_size"), "only applies to directory targets")
+    if kind == "directory" and "probe_file_size" not in values and defaults.probe_file_size:
+        values["probe_file_size"] = defaults.probe_file_size
+    warmup = _warmup(check, data["warmup"], _join(key, "warmup")) if "warmup" in data else None
+    target = TargetConfig(
+        key=key,
+        probes=probes,
+        limits=_limits(check, data.get("limits"), _join(key, "limits")),
+        warmup=warmup,
+        **values,
+    )
     for probe in probes:
-        if kind == "directory" and probe.op == "write" and probe.block_size > size // 2:
+        if kind == "directory" and probe.kind.writes and probe.block_size > target.probe_file_size // 2:
             check.fail(
                 _join(probe.key, "block_size"),
-                f"{probe.block_size} leaves no room in a {size}-byte probe file",
+                f"{probe.block_size} leaves no room in a {target.probe_file_size}-byte probe file",
             )
-        if kind == "device" and probe.op == "write" and not allow_raw:
+        if kind == "device" and probe.kind.writes and not target.allow_raw_writes:
             check.fail(
                 _join(probe.key, "op"),
                 "write probes on a raw device need allow_raw_writes: true on the target "
                 "(or use a directory target: writes then go to a probe file)",
             )
-    warmup = _warmup(check, data["warmup"], _join(key, "warmup")) if "warmup" in data else None
     if warmup is not None and kind == "directory":
         check.fail(_join(key, "warmup"), "warm-up reads a whole device; give it a device target")
-    if warmup is not None and warmup.mode == "write" and not allow_raw:
+    if warmup is not None and warmup.mode == "write" and not target.allow_raw_writes:
         check.fail(_join(key, "warmup.mode"), "write warm-up needs allow_raw_writes: true on the target")
-    return TargetConfig(
-        key=key,
-        name=check.convert(data, "name", key, _name, None),
-        device=device,
-        directory=directory,
-        probe_file_size=size,
-        allow_raw_writes=allow_raw,
-        probes=probes,
-        limits=_limits(check, data.get("limits"), _join(key, "limits")),
-        warmup=warmup,
-    )
+    return target
 
 
 def _throttle(check: _Checker, raw: Any) -> ThrottleConfig:
-    data = check.mapping(raw, "throttle", {"enabled", "sample_interval", "window", "backoff"})
-    result = ThrottleConfig(
-        enabled=check.convert(data, "enabled", "throttle", _bool, True),
-        sample_interval=check.convert(data, "sample_interval", "throttle", _positive_duration, 1.0),
-        window=check.convert(data, "window", "throttle", _positive_duration, 60.0),
-        backoff=check.convert(data, "backoff", "throttle", _positive_number, 10.0),
-    )
+    parsers = {
+        "enabled": _bool,
+        "sample_interval": _positive_duration,
+        "window": _positive_duration,
+        "backoff": _positive_number,
+    }
+    data = check.mapping(raw, "throttle", set(parsers))
+    result = ThrottleConfig(**check.present(data, "throttle", parsers))
     if result.backoff < 1:
         check.fail("throttle.backoff", f"{result.backoff} would speed probes up; use 1 to disable the back-off")
     if result.window < 10 * result.sample_interval:
@@ -393,14 +412,10 @@ def _discovery(check: _Checker, raw: Any, defaults: _Defaults) -> DiscoveryConfi
         else default_probes("device", defaults, "discovery.probes")
     )
     for probe in probes:
-        if probe.op == "write":
+        if probe.kind.writes:
             check.fail(_join(probe.key, "op"), "discovered devices are only ever probed with reads")
-    return DiscoveryConfig(
-        include=check.convert(data, "include", "discovery", _string_list, ()),
-        exclude=check.convert(data, "exclude", "discovery", _string_list, ()),
-        probes=probes,
-        rescan_interval=check.convert(data, "rescan_interval", "discovery", _positive_duration, 5.0),
-    )
+    parsers = {"include": _string_list, "exclude": _string_list, "rescan_interval": _positive_duration}
+    return DiscoveryConfig(probes=probes, **check.present(data, "discovery", parsers))
 
 
 def _buckets(value: Any) -> tuple[float, ...]:
@@ -417,15 +432,16 @@ def parse(document: Any, source: str = "<config>") -> Config:
     top = check.mapping(document, "", _TOP_KEYS)
     raw_defaults = check.mapping(top.get("defaults"), "defaults", _DEFAULT_KEYS)
     defaults = _Defaults(
-        interval=check.convert(raw_defaults, "interval", "defaults", _positive_duration, DEFAULT_INTERVAL),
-        jitter=check.convert(raw_defaults, "jitter", "defaults", _ratio, DEFAULT_JITTER),
-        revisit=check.convert(raw_defaults, "revisit", "defaults", _ratio, DEFAULT_REVISIT),
-        probe_file_size=check.convert(
-            raw_defaults, "probe_file_size", "defaults", _positive_size, DEFAULT_PROBE_FILE_SIZE
+        probe=check.present(raw_defaults, "defaults", {k: _PROBE_PARSERS[k] for k in _PROBE_DEFAULT_KEYS}),
+        probe_file_size=check.present(raw_defaults, "defaults", {"probe_file_size": _positive_size}).get(
+            "probe_file_size"
         ),
     )
-    window = check.convert(raw_defaults, "window", "defaults", _positive_duration, DEFAULT_WINDOW)
-    buckets = check.convert(raw_defaults, "buckets", "defaults", _buckets, stats.DEFAULT_BUCKETS)
+    settings = check.present(raw_defaults, "defaults", {"window": _positive_duration, "buckets": _buckets})
+    settings.update(
+        check.present(top, "", {"diskstats": _choice(DISKSTATS_SCOPES), "state_directory": _path}),
+    )
+    window = settings.get("window", Config.window)
 
     targets: list[TargetConfig] = []
     raw_targets = top.get("targets", [])
@@ -452,13 +468,10 @@ def parse(document: Any, source: str = "<config>") -> Config:
 
     result = Config(
         targets=tuple(targets),
-        window=window,
-        buckets=buckets,
-        diskstats=check.convert(top, "diskstats", "", _choice(DISKSTATS_SCOPES), "probed"),
         throttle=_throttle(check, top.get("throttle")),
         discovery=_discovery(check, top["discovery"], defaults) if "discovery" in top else None,
-        state_directory=check.convert(top, "state_directory", "", _path, None),
         source=source,
+        **settings,
     )
     if check.problems:
         raise ConfigError(check.problems)

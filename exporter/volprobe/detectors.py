@@ -49,6 +49,9 @@ QUEUE_MIN = 1.5
 AWAIT_FACTOR = 1.5
 LARGE_REQUEST = 32 * 1024
 HIGH_QUANTILE = 0.9
+CHECK_TTL_S = 300.0  # an active check's verdict holds this long while the plateau stays at its level
+CHECK_RETRY_S = 30.0  # an inconclusive check is repeated after this
+CHECK_LEVEL = 0.10  # "the same plateau": its ceiling within 10% of the one checked
 
 
 @dataclass(frozen=True)
@@ -123,14 +126,21 @@ def _cv(values: list[float]) -> float:
     return statistics.pstdev(values) / mean if mean > 0 else float("inf")
 
 
-def evaluate(
-    seconds: list[Second],
-    direction: str,
-    unloaded_s: float | None,
-    limit_ops: float | None = None,
-    limit_bytes: float | None = None,
-) -> Plateau | None:
-    """The plateau of one direction over a window of samples, or None (the rule is in the module docstring)."""
+@dataclass(frozen=True)
+class Candidate:
+    """A window that is flat and queued (rules 1 to 4): a plateau if its await is long enough (rule 5)."""
+
+    band: list[int]
+    ops_band: list[int] | None
+    bytes_band: list[int] | None
+    ceiling_ops: float
+    ceiling_bytes: float
+    inflight: float
+    await_s: float
+
+
+def candidate(seconds: list[Second], direction: str) -> Candidate | None:
+    """Rules 1 to 4 of the module docstring: enough samples, a real level, flat, queueing."""
     if len(seconds) < MIN_SAMPLES:
         return None
     ops = [s.ops[direction] for s in seconds]
@@ -142,16 +152,48 @@ def evaluate(
     band = ops_band if ops_band is not None else bytes_band
     assert band is not None
     inflight = statistics.fmean(seconds[i].inflight[direction] for i in band)
-    waits = [seconds[i].await_s[direction] for i in band if not math.isnan(seconds[i].await_s[direction])]
-    await_s = statistics.fmean(waits) if waits else 0.0
     if inflight < QUEUE_MIN:
         return None
-    if unloaded_s is None or await_s < AWAIT_FACTOR * unloaded_s:
+    waits = [seconds[i].await_s[direction] for i in band if not math.isnan(seconds[i].await_s[direction])]
+    return Candidate(
+        band,
+        ops_band,
+        bytes_band,
+        statistics.median(ops[i] for i in band),
+        statistics.median(rates[i] for i in band),
+        inflight,
+        statistics.fmean(waits) if waits else 0.0,
+    )
+
+
+def waits_long(found: Candidate, unloaded_s: float | None) -> bool:
+    """Rule 5: requests take well over the disk's unloaded service time."""
+    return unloaded_s is not None and found.await_s >= AWAIT_FACTOR * unloaded_s
+
+
+def plateau_of(
+    seconds: list[Second], direction: str, found: Candidate, limit_ops: float | None, limit_bytes: float | None
+) -> Plateau:
+    ops = [s.ops[direction] for s in seconds]
+    rates = [s.bytes[direction] for s in seconds]
+    limit = _which_limit(
+        ops, rates, found.ops_band, found.bytes_band, found.ceiling_ops, found.ceiling_bytes, limit_ops, limit_bytes
+    )
+    return Plateau(limit, found.ceiling_ops, found.ceiling_bytes, found.inflight, found.await_s)
+
+
+def evaluate(
+    seconds: list[Second],
+    direction: str,
+    unloaded_s: float | None,
+    limit_ops: float | None = None,
+    limit_bytes: float | None = None,
+) -> Plateau | None:
+    """The plateau of one direction over a window of samples, or None (the rule is in the module docstring)."""
+    found = candidate(seconds, direction)
+    if found is None or not waits_long(found, unloaded_s):
         return None
-    ceiling_ops = statistics.median(ops[i] for i in band)
-    ceiling_bytes = statistics.median(rates[i] for i in band)
-    limit = _which_limit(ops, rates, ops_band, bytes_band, ceiling_ops, ceiling_bytes, limit_ops, limit_bytes)
-    return Plateau(limit, ceiling_ops, ceiling_bytes, inflight, await_s)
+    return plateau_of(seconds, direction, found, limit_ops, limit_bytes)
 
 
 def _which_limit(ops, rates, ops_band, bytes_band, ceiling_ops, ceiling_bytes, limit_ops, limit_bytes) -> str:
@@ -181,6 +223,34 @@ class DeviceState:
     throttled_seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (limit, direction)
     # (time, I/Os the device completed, of which probes): for the probes' share of the device's I/O
     completed_window: deque[tuple[float, int, int]] = field(default_factory=deque)
+    check: Check | None = None  # the last active check's verdict
+    checking: dict[str, float] | None = None  # direction -> ceiling, while a check runs
+    checks: dict[str, int] = field(default_factory=dict)  # verdict -> how many
+    unloaded: dict[str, float | None] = field(default_factory=dict)  # direction -> the last judge's
+
+
+@dataclass(frozen=True)
+class Check:
+    """The verdict of an active check (volprobe.burst) on a plateau the probes could not judge."""
+
+    verdict: str  # capped, uncapped or inconclusive
+    at: float  # monotonic time
+    levels: dict[str, float]  # direction -> the plateau's ops/s when the check was asked for
+
+    def holds_for(self, direction: str, found: Candidate, now: float) -> bool:
+        """Still the answer: recent enough, and the plateau is still at the level that was checked."""
+        ttl = CHECK_TTL_S if self.verdict != "inconclusive" else CHECK_RETRY_S
+        level = self.levels.get(direction)
+        return now - self.at < ttl and level is not None and abs(found.ceiling_ops - level) <= CHECK_LEVEL * level
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """What the detector asks of an active check: the disk's total level before it, and the request size."""
+
+    disk: str
+    ops_per_s: float
+    bytes_per_s: float
 
 
 class ThrottleDetector:
@@ -193,10 +263,12 @@ class ThrottleDetector:
         limits: Callable[[str], tuple[float | None, float | None]],
         on_change: Callable[[str, bool], None],
         probe_completions: Callable[[str], int],
-        proc_root: str | Path = "/proc",
-        sample_interval: float = 1.0,
-        window: float = 60.0,
+        proc_root: str | Path,
+        sample_interval: float,
+        window: float,
+        request_check: Callable[[CheckRequest], None] | None = None,
     ) -> None:
+        self.request_check = request_check  # runs an active check, then calls record_check()
         self.devices = devices
         self.unloaded_latency = unloaded_latency
         self.limits = limits
@@ -233,17 +305,29 @@ class ThrottleDetector:
             self._stop.wait(delay)
 
     def sample(self, now: float) -> None:
-        """Read diskstats once and update every watched device."""
+        """Read diskstats once and update every watched device.
+
+        The callbacks into the exporter (its devices, their probes' unloaded latency, limits and completions,
+        and the verdict changes) run outside this detector's lock, so a scrape never waits behind them."""
         wanted = self.devices()
         stats = diskstats.read(self.proc_root)
+        inputs = {
+            name: (
+                {d: self.unloaded_latency(name, d) for d in DIRECTIONS},
+                self.limits(name),
+                self.probe_completions(name),
+            )
+            for name in wanted
+            if name in stats
+        }
+        changed: list[tuple[str, bool]] = []
+        checks: list[CheckRequest] = []
         with self._lock:
             for name in list(self._states):
                 if name not in wanted:
                     del self._states[name]
-            for name in wanted:
-                current = stats.get(name)
-                if current is None:
-                    continue
+            for name, (unloaded, limits, probe_completions) in inputs.items():
+                current = stats[name]
                 state = self._states.setdefault(name, DeviceState(deque(maxlen=self.window_samples)))
                 if state.last is not None:
                     second = second_between(state.last, current, now - state.last_time)
@@ -251,44 +335,106 @@ class ThrottleDetector:
                         state.window.clear()
                     else:
                         state.window.append(second)
-                        self._judge(name, state, now - state.last_time)
+                        if self._judge(name, state, now, now - state.last_time, unloaded, limits, checks):
+                            changed.append((name, bool(state.plateaus)))
                 state.last, state.last_time = current, now
                 completed = current.reads_completed + current.writes_completed
-                state.completed_window.append((now, completed, self.probe_completions(name)))
+                state.completed_window.append((now, completed, probe_completions))
                 while (
                     state.completed_window
                     and state.completed_window[0][0] < now - self.window_samples * self.sample_interval
                 ):
                     state.completed_window.popleft()
+        for name, throttled in changed:
+            self.on_change(name, throttled)
+        for request in checks:
+            assert self.request_check is not None
+            self.request_check(request)
 
-    def _judge(self, name: str, state: DeviceState, elapsed: float) -> None:
+    def _judge(
+        self,
+        name: str,
+        state: DeviceState,
+        now: float,
+        elapsed: float,
+        unloaded: dict[str, float | None],
+        limits: tuple[float | None, float | None],
+        checks: list[CheckRequest],
+    ) -> bool:
+        """Update the device's plateaus; True when it became throttled or stopped being throttled.
+
+        A flat, queued window whose await the probes cannot call long (they never saw the disk unloaded, or
+        saw it no faster) is settled by an active check: its verdict, while it holds, decides; without one,
+        a check is requested (added to `checks`) and the window is not a plateau yet."""
         was_throttled = bool(state.plateaus)
-        limit_ops, limit_bytes = self.limits(name)
         seconds = list(state.window)
         state.plateaus = {}
+        state.unloaded = dict(unloaded)
+        unsure: dict[str, float] = {}
         for direction in DIRECTIONS:
-            plateau = evaluate(seconds, direction, self.unloaded_latency(name, direction), limit_ops, limit_bytes)
-            if plateau is not None:
-                state.plateaus[direction] = plateau
-                key = (plateau.limit, direction)
-                state.throttled_seconds[key] = state.throttled_seconds.get(key, 0.0) + elapsed
-        if bool(state.plateaus) != was_throttled:
-            if state.plateaus:
-                summary = ", ".join(
-                    f"{d} {p.limit} ceiling {p.ceiling_ops:.0f} ops/s {p.ceiling_bytes / 2**20:.1f} MiB/s"
-                    for d, p in state.plateaus.items()
-                )
-                log.warning("%s is throttled: %s", name, summary)
-            else:
-                log.info("%s is no longer throttled", name)
-            self.on_change(name, bool(state.plateaus))
+            found = candidate(seconds, direction)
+            if found is None:
+                continue
+            if not waits_long(found, unloaded[direction]):
+                check = state.check
+                if check is None or not check.holds_for(direction, found, now):
+                    unsure[direction] = found.ceiling_ops
+                    continue
+                if check.verdict != "capped":
+                    continue
+            plateau = plateau_of(seconds, direction, found, *limits)
+            state.plateaus[direction] = plateau
+            key = (plateau.limit, direction)
+            state.throttled_seconds[key] = state.throttled_seconds.get(key, 0.0) + elapsed
+        if unsure and state.checking is None and self.request_check is not None:
+            recent = seconds[-5:]
+            ops = statistics.median(s.ops["total"] for s in recent)
+            rate = statistics.median(s.bytes["total"] for s in recent)
+            state.checking = unsure
+            checks.append(CheckRequest(name, ops, rate))
+            log.info(
+                "%s: a flat plateau at %.0f ops/s with requests queueing, but no sign yet that they wait longer than "
+                "on the unloaded disk (a cap) rather than meet steady demand: checking with a burst of reads",
+                name,
+                ops,
+            )
+        if bool(state.plateaus) == was_throttled:
+            return False
+        if state.plateaus:
+            summary = ", ".join(
+                f"{d} {p.limit} ceiling {p.ceiling_ops:.0f} ops/s {p.ceiling_bytes / 2**20:.1f} MiB/s"
+                for d, p in state.plateaus.items()
+            )
+            log.warning("%s is throttled: %s", name, summary)
+        else:
+            log.info("%s is no longer throttled", name)
+        return True
+
+    def record_check(self, disk: str, verdict: str) -> None:
+        """The outcome of a requested active check; the next sample judges with it."""
+        with self._lock:
+            state = self._states.get(disk)
+            if state is None or state.checking is None:
+                return
+            state.check = Check(verdict, time.monotonic(), state.checking)
+            state.checking = None
+            state.checks[verdict] = state.checks.get(verdict, 0) + 1
 
     def snapshot(self) -> dict[str, DeviceState]:
         """Copies of the per-device verdicts and counters, for scrapes."""
         with self._lock:
             return {
                 name: DeviceState(
-                    deque(), None, 0.0, dict(s.plateaus), dict(s.throttled_seconds), deque(s.completed_window)
+                    deque(),
+                    None,
+                    0.0,
+                    dict(s.plateaus),
+                    dict(s.throttled_seconds),
+                    deque(s.completed_window),
+                    s.check,
+                    dict(s.checking) if s.checking else None,
+                    dict(s.checks),
+                    dict(s.unloaded),
                 )
                 for name, s in self._states.items()
             }

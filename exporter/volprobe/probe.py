@@ -17,8 +17,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
+from .config import ProbeConfig
 from .stats import ProbeStats
 
 try:  # the C timer (see _timedio.c); optional at build time
@@ -76,24 +77,46 @@ class OffsetPicker:
     """Chooses the next block: a fresh one, or with probability `revisit` one probed before.
 
     Picks are made BATCH at a time: one warm pass instead of a cold one after every probe's idle wait.
+
+    With a cursor (volprobe.state.ProbeCursor), the permutation's key and the position of the next fresh
+    offset come from the volume's state, and each fresh offset is reserved there before it is used: "first"
+    then means never probed on this volume, across restarts. If a reservation cannot be written, the picker
+    carries on with a key of its own for the rest of the run, as it does without state.
     """
 
     BATCH = 32
 
-    def __init__(self, nblocks: int, revisit: float, rng: random.Random, key: int | None = None) -> None:
+    def __init__(
+        self, nblocks: int, revisit: float, rng: random.Random, key: int | None = None, cursor: Cursor | None = None
+    ) -> None:
         self.nblocks = nblocks
         self.revisit = revisit
         self.rng = rng
+        self.cursor = cursor
+        if cursor is not None:
+            key = cursor.key
         self.permutation = BlockPermutation(nblocks, rng.getrandbits(64) if key is None else key)
-        self.fresh_used = 0
+        self.fresh_used = min(nblocks, cursor.start) if cursor is not None else 0
         self._queue: list[tuple[int, str]] = []
 
     def _pick(self) -> tuple[int, str]:
         if self.fresh_used and (self.fresh_used >= self.nblocks or self.rng.random() < self.revisit):
             return self.permutation(self.rng.randrange(self.fresh_used)), "repeat"
+        if self.cursor is not None and not self.cursor.reserve(self.fresh_used + 1):
+            log.warning("fresh offsets cannot be reserved in the state directory; first touch counts from now")
+            self.cursor = None
+            self.permutation = BlockPermutation(self.nblocks, self.rng.getrandbits(64))
+            self.fresh_used = 0
+            self._queue.clear()
         block = self.permutation(self.fresh_used)
         self.fresh_used += 1
         return block, "first"
+
+    def close(self) -> None:
+        """Record the exact position (fresh offsets picked but never handed out are not used)."""
+        if self.cursor is not None:
+            unused = sum(1 for _, touch in self._queue if touch == "first")
+            self.cursor.release(self.fresh_used - unused)
 
     def next(self) -> tuple[int, str]:
         """(block index, "first" or "repeat")."""
@@ -101,6 +124,17 @@ class OffsetPicker:
             self._queue = [self._pick() for _ in range(self.BATCH)]
             self._queue.reverse()
         return self._queue.pop()
+
+
+class Cursor(Protocol):
+    """Where fresh offsets are remembered (volprobe.state.ProbeCursor)."""
+
+    key: int
+    start: int
+
+    def reserve(self, needed: int) -> bool: ...
+
+    def release(self, used: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -182,26 +216,25 @@ class ProbeIO:
     """
 
     def __init__(
-        self, op: str, io: IOTarget, block_size: int, revisit: float, rng: random.Random, fd: int | None = None
+        self, spec: ProbeConfig, io: IOTarget, rng: random.Random, fd: int | None = None, cursor: Cursor | None = None
     ) -> None:
-        if op not in ("read", "write"):
-            raise ValueError(f"unknown op {op!r}")
+        block_size = spec.block_size
         nblocks = (io.region_end - io.region_start) // block_size
         if nblocks < 1:
             raise ValueError(f"{io.path}: no room for a {block_size}-byte block in the probe region")
-        self.op = op
+        self.op = spec.op
         self.io = io
         self.block_size = block_size
-        self.picker = OffsetPicker(nblocks, revisit, rng)
+        self.picker = OffsetPicker(nblocks, spec.revisit, rng, cursor=cursor)
         self.buffer = mmap.mmap(-1, block_size)  # anonymous mappings are page aligned, as O_DIRECT needs
         self._bufs = [self.buffer]
         self._empty = [memoryview(self.buffer)[:0]]
-        self.write_data = WriteData(self.buffer) if op == "write" else None
+        self.write_data = WriteData(self.buffer) if spec.kind.writes else None
         self._zeros = bytes(block_size)
         # Writes keep their descriptor (a raw device's O_EXCL keeps others out while volprobe writes; a probe
         # file is ours). Reads open the device for each request: holding it open between probes would stop an
         # administrator from detaching a loop device or removing a dm, md or zram device.
-        self.hold_open = op == "write"
+        self.hold_open = spec.kind.writes
         if fd is not None and not self.hold_open:
             os.close(fd)
             fd = None
@@ -293,28 +326,27 @@ class ProbeIO:
 
 
 class ProbeWorker:
-    """Runs one probe (op and block size on one target) in its own thread, paced by deadline."""
+    """Runs one probe (a ProbeConfig on one target's IOTarget) in its own thread, paced by deadline."""
 
     def __init__(
         self,
-        name: str,
-        op: str,
+        spec: ProbeConfig,
         io: IOTarget,
-        block_size: int,
-        interval_s: float,
-        jitter: float,
-        revisit: float,
         stats: ProbeStats,
+        *,
+        name: str = "",
         fd: int | None = None,
         seed: int | None = None,
+        cursor: Cursor | None = None,
     ) -> None:
-        self.name = name
-        self.op = op
-        self.interval_s = interval_s
-        self.jitter = jitter
+        self.spec = spec
+        self.name = name or io.path  # the target's name, for logs and the thread's name
+        self.op = spec.op
+        self.interval_s = spec.interval
+        self.jitter = spec.jitter
         self.stats = stats
         self.rng = random.Random(seed)
-        self.probe = ProbeIO(op, io, block_size, revisit, self.rng, fd)
+        self.probe = ProbeIO(spec, io, self.rng, fd, cursor)
         self._stopping = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -383,6 +415,12 @@ class ProbeWorker:
         return int(min(self.interval_s * 2**failures, MAX_ERROR_BACKOFF_S) * 1e9)
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self.probe.picker.close()
+
+    def _loop(self) -> None:
         clock = time.perf_counter_ns
         probe = self.probe
         pacer = Pacer(self.interval_s, self.jitter, self.rng, clock())

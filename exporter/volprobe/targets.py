@@ -57,13 +57,7 @@ def default_config_targets(host: Host) -> list[TargetConfig]:
         key = f"default[{name}]"
         targets.append(
             TargetConfig(
-                key=key,
-                name=name,
-                device=device.devnode,
-                directory=None,
-                probe_file_size=0,
-                allow_raw_writes=False,
-                probes=default_probes("device", key=f"{key}.probes"),
+                key=key, name=name, device=device.devnode, probes=default_probes("device", key=f"{key}.probes")
             )
         )
     return targets
@@ -100,10 +94,14 @@ def _resolve_device(host: Host, target: TargetConfig, problems: list[str]) -> Re
     if device.size_bytes == 0:
         problems.append(f"{key}: {path} ({device.name}) has no media (size 0)")
         return None
-    writes = any(p.op == "write" for p in target.probes) or (target.warmup and target.warmup.mode == "write")
-    region = device.size_bytes - (2 * safety.GUARD_BYTES if writes else 0)
+    region = device.size_bytes - (2 * safety.GUARD_BYTES if target.writes else 0)
     _check_block_sizes(target.probes, device, region, problems)
-    if writes:
+    if target.warmup and target.warmup.block_size % device.logical_block_size:
+        problems.append(
+            f"{target.key}.warmup.block_size: {target.warmup.block_size} is not a multiple of the device's "
+            f"logical block size {device.logical_block_size} ({device.name})"
+        )
+    if target.writes:
         refusal = safety.raw_write_refusal(host, device)
         if refusal:
             problems.append(f"{target.key}.allow_raw_writes: refusing raw writes: {path} ({device.name}) {refusal}")
@@ -132,7 +130,7 @@ def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) ->
     if problem:
         problems.append(f"{target.key}.probe_file_size: {problem}")
     for probe in target.probes:
-        region = device.size_bytes if probe.op == "read" else target.probe_file_size - probefile.HEADER_BYTES
+        region = target.probe_file_size - probefile.HEADER_BYTES if probe.kind.writes else device.size_bytes
         _check_block_sizes((probe,), device, region, problems)
     return ResolvedTarget(
         target,
@@ -170,7 +168,7 @@ def resolve(config: Config, host: Host, targets: list[TargetConfig] | None = Non
     return resolved
 
 
-def _open_raw_exclusive(host: Host, target: ResolvedTarget, sync: bool) -> int:
+def open_raw_exclusive(host: Host, target: ResolvedTarget, flags: int) -> int:
     """Open a blank device for writing with O_EXCL, after checking again that it is still blank."""
     device = host.device(target.device.name)
     if device is None or (device.major, device.minor) != (target.device.major, target.device.minor):
@@ -178,23 +176,22 @@ def _open_raw_exclusive(host: Host, target: ResolvedTarget, sync: bool) -> int:
     refusal = safety.raw_write_refusal(host, device)
     if refusal:
         raise OSError(1, f"refusing raw writes: {refusal}", target.path)
-    flags = os.O_RDWR | os.O_DIRECT | os.O_EXCL | os.O_CLOEXEC | (os.O_DSYNC if sync else 0)
-    return os.open(target.path, flags)
+    return os.open(target.path, flags | os.O_EXCL | os.O_CLOEXEC)
 
 
 def io_target(host: Host, target: ResolvedTarget, probe: ProbeConfig) -> IOTarget:
     """Where a probe's I/O goes and how its descriptor is (re)opened."""
-    if probe.op == "read":
-        return IOTarget(target.device.devnode, os.O_RDONLY | os.O_DIRECT, 0, target.device.size_bytes)
+    flags = probe.open_flags
+    if not probe.kind.writes:
+        return IOTarget(target.device.devnode, flags, 0, target.device.size_bytes)
     if target.kind == "directory":
-        flags = os.O_RDWR | os.O_DIRECT | (os.O_DSYNC if probe.sync else 0)
         return IOTarget(target.probe_file or "", flags, probefile.HEADER_BYTES, target.config.probe_file_size)
     return IOTarget(
         target.path,
-        os.O_RDWR | os.O_DIRECT | os.O_EXCL,
+        flags | os.O_EXCL,
         safety.GUARD_BYTES,
         target.device.size_bytes - safety.GUARD_BYTES,
-        opener=lambda: _open_raw_exclusive(host, target, probe.sync),
+        opener=lambda: open_raw_exclusive(host, target, flags),
     )
 
 
@@ -207,7 +204,7 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
     warnings: list[str] = []
     problems: list[str] = []
     for target in resolved:
-        if target.kind == "directory" and any(p.op == "write" for p in target.probes):
+        if target.kind == "directory" and target.config.writes:
             try:
                 probefile.ensure(target.path, PROBE_FILE_NAME, target.config.probe_file_size)
             except (probefile.ProbeFileError, OSError) as err:
@@ -220,13 +217,13 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
             io = io_target(host, target, probe)
             try:
                 fd = io.open()  # reads open per probe later; opening now checks access before anything starts
-                if probe.op == "write":
+                if probe.kind.writes:
                     target.fds[probe.op] = fd
                 else:
                     os.close(fd)
             except OSError as err:
                 message = f"{probe.key}: cannot open {io.path}: {err.strerror or err}"
-                (warnings if not strict and probe.op == "read" else problems).append(message)
+                (warnings if not strict and not probe.kind.writes else problems).append(message)
     if problems:
         close(resolved)
         raise ConfigError(problems)

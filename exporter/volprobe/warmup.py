@@ -14,22 +14,24 @@ made for another device, size or block size, is reported and the job starts over
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import mmap
 import os
-import tempfile
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
-from . import safety
-from .config import ConfigError
-from .discovery import Host
+from .config import WarmupConfig
 from .probe import WriteData
 from .safety import GUARD_BYTES
+from .state import SectionCheckpoint, StateStore, write_atomically
+
+if TYPE_CHECKING:
+    from .targets import ResolvedTarget
 
 log = logging.getLogger(__name__)
 
@@ -156,35 +158,68 @@ class Extents:
                 yield block
 
 
-def load_state(path: str, identity: Identity, nblocks: int) -> tuple[Extents, str, str | None]:
-    """(blocks done, phase, warning). A missing file is a fresh start; a corrupt or foreign one, with a warning."""
+class Checkpoint(Protocol):
+    """Where a warm-up keeps its progress: a file of its own (`volprobe warmup --state`), or a section of the
+    volume's state (volprobe.state.SectionCheckpoint) in the exporter."""
+
+    where: str
+
+    def read(self) -> object | None:
+        """The saved document, None if there is none; OSError or ValueError if it cannot be read."""
+
+    def write(self, document: dict) -> None:
+        """Replace the saved document atomically; OSError if it cannot be written."""
+
+
+class FileCheckpoint:
+    def __init__(self, path: str) -> None:
+        self.path = self.where = path
+
+    def read(self) -> object | None:
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+
+    def write(self, document: dict) -> None:
+        write_atomically(self.path, json.dumps(document))
+
+
+def _checkpoint(where: str | Checkpoint) -> Checkpoint:
+    return FileCheckpoint(where) if isinstance(where, str) else where
+
+
+def load_state(where: str | Checkpoint, identity: Identity, nblocks: int) -> tuple[Extents, str, str | None]:
+    """(blocks done, phase, warning). No saved state is a fresh start; a corrupt or foreign one, with a warning."""
+    checkpoint = _checkpoint(where)
+    name = checkpoint.where
     try:
-        with open(path) as f:
-            document = json.load(f)
-    except FileNotFoundError:
-        return Extents(nblocks), "", None
+        document = checkpoint.read()
     except (OSError, ValueError) as err:
-        return Extents(nblocks), "", f"state file {path} is unreadable or corrupt ({err}); starting over"
+        return Extents(nblocks), "", f"state {name} is unreadable or corrupt ({err}); starting over"
+    if document is None:
+        return Extents(nblocks), "", None
     if not isinstance(document, dict) or document.get("version") != STATE_VERSION:
-        return Extents(nblocks), "", f"state file {path} is not a volprobe warm-up state; starting over"
+        return Extents(nblocks), "", f"state {name} is not a volprobe warm-up state; starting over"
     if document.get("identity") != identity.to_json():
         return (
             Extents(nblocks),
             "",
-            (f"state file {path} belongs to {document.get('identity')}, not {identity.to_json()}; starting over"),
+            (f"state {name} belongs to {document.get('identity')}, not {identity.to_json()}; starting over"),
         )
     try:
         extents = Extents.from_list(nblocks, document.get("done"))
     except ValueError as err:
-        return Extents(nblocks), "", f"state file {path} is corrupt ({err}); starting over"
+        return Extents(nblocks), "", f"state {name} is corrupt ({err}); starting over"
     phase = document.get("phase", "read")
     if phase not in ("write", "read", "done"):
-        return Extents(nblocks), "", f"state file {path} has an unknown phase {phase!r}; starting over"
+        return Extents(nblocks), "", f"state {name} has an unknown phase {phase!r}; starting over"
     return extents, phase, None
 
 
-def save_state(path: str, identity: Identity, phase: str, extents: Extents) -> None:
-    """Atomically replace the state file: a crash leaves the old one or the new one, never half of one."""
+def save_state(where: str | Checkpoint, identity: Identity, phase: str, extents: Extents) -> None:
+    """Atomically replace the saved state: a crash leaves the old one or the new one, never half of one."""
     document = {
         "version": STATE_VERSION,
         "identity": identity.to_json(),
@@ -192,23 +227,7 @@ def save_state(path: str, identity: Identity, phase: str, extents: Extents) -> N
         "done": extents.to_list(),
         "saved": int(time.time()),
     }
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".warmup-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(document, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _checkpoint(where).write(document)
 
 
 class RateLimiter:
@@ -238,18 +257,58 @@ class WarmupJob:
     identity: Identity
     jobs: int = 4
     rate: float | None = None
-    state_path: str | None = None
+    checkpoint: Checkpoint | None = None  # where progress is kept; None: not resumable
     idle_priority: bool = True
     checkpoint_interval: float = 5.0
     opener: Callable[[int], int] | None = None  # opens the device (flags) -> fd; write mode passes O_EXCL etc.
     on_progress: Callable[[Progress], None] | None = None
     progress: Progress = field(init=False)
 
+    @classmethod
+    def for_target(
+        cls, target: ResolvedTarget, spec: WarmupConfig, store: StateStore | None, *, state_path: str | None = None
+    ) -> WarmupJob:
+        """The warm-up of a resolved device target; resolve() has made every check (block size, blankness for
+        write mode). Progress is kept in `state_path` if given, else in the volume's state in `store`."""
+        device = target.device
+        opener = None
+        if spec.mode == "write":
+
+            def opener(flags: int) -> int:
+                return os.open(target.path, flags | os.O_EXCL | os.O_CLOEXEC)
+
+        checkpoint: Checkpoint | None = None
+        if state_path:
+            checkpoint = FileCheckpoint(state_path)
+        elif store is not None and store.directory:
+            # A checkpoint file of an earlier version (named after the target) is carried over, not lost.
+            earlier = FileCheckpoint(os.path.join(store.directory, legacy_state_file(target.name)))
+            checkpoint = SectionCheckpoint(store.volume(device), "warmup", earlier)
+        stable = device.volume_id or device.wwn or device.serial or os.path.realpath(target.path)
+        identity = Identity(stable, device.size_bytes, spec.block_size, spec.mode)
+        return cls(target.path, identity, spec.jobs, spec.rate, checkpoint, spec.idle_priority, opener=opener)
+
+    @property
+    def state_path(self) -> str | None:
+        return self.checkpoint.where if self.checkpoint else None
+
+    def _save(self, phase: str, extents: Extents) -> None:
+        """Checkpoint; a state that cannot be written costs resumability, not the warm-up."""
+        if self.checkpoint is None:
+            return
+        try:
+            save_state(self.checkpoint, self.identity, phase, extents)
+        except OSError as err:
+            if not self._save_failed:
+                log.warning("warm-up of %s: cannot save progress to %s: %s", self.path, self.checkpoint.where, err)
+            self._save_failed = True
+
     def __post_init__(self) -> None:
         phases = 2 if self.identity.mode == "write" else 1
         self.progress = Progress(self.identity.size, self.identity.block_size, phases)
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._save_failed = False
 
     def stop(self) -> None:
         self._stop.set()
@@ -271,7 +330,7 @@ class WarmupJob:
         progress, identity = self.progress, self.identity
         nblocks = progress.nblocks
         extents, phase, warning = (
-            load_state(self.state_path, identity, nblocks) if self.state_path else (Extents(nblocks), "", None)
+            load_state(self.checkpoint, identity, nblocks) if self.checkpoint else (Extents(nblocks), "", None)
         )
         if warning:
             log.warning("%s", warning)
@@ -292,8 +351,7 @@ class WarmupJob:
             progress.resumed_blocks = len(extents)
             self._pass(current, extents)
             if self._stop.is_set():
-                if self.state_path:
-                    save_state(self.state_path, identity, current, extents)
+                self._save(current, extents)
                 progress.state = "pending"
                 return
             progress.base_bytes += progress.size
@@ -303,10 +361,9 @@ class WarmupJob:
         progress.done_blocks = nblocks
         progress.state = "done"
         progress.finished = time.monotonic()
-        if self.state_path:
-            done = Extents(nblocks)
-            done.mark = nblocks
-            save_state(self.state_path, identity, "done", done)
+        done = Extents(nblocks)
+        done.mark = nblocks
+        self._save("done", done)
 
     def _pass(self, phase: str, extents: Extents) -> None:
         progress = self.progress
@@ -369,14 +426,13 @@ class WarmupJob:
                     snapshot.mark, snapshot.above = extents.mark, set(extents.above)
                 if self.on_progress:
                     self.on_progress(progress)
-                if self.state_path and now >= next_checkpoint:
-                    save_state(self.state_path, self.identity, phase, snapshot)
+                if now >= next_checkpoint:
+                    self._save(phase, snapshot)
                     next_checkpoint += self.checkpoint_interval
         finally:
             os.close(fd)
         if errors:
-            if self.state_path:
-                save_state(self.state_path, self.identity, phase, extents)
+            self._save(phase, extents)
             raise errors[0]
 
 
@@ -390,36 +446,6 @@ def set_idle_priority() -> None:
         log.debug("idle I/O priority not available: %s", err)
 
 
-def job_for(
-    host: Host,
-    path: str,
-    mode: str,
-    block_size: int,
-    jobs: int,
-    rate: float | None,
-    state_path: str | None,
-    idle_priority: bool,
-    checkpoint_interval: float = 5.0,
-    key: str = "warmup",
-) -> WarmupJob:
-    """A warm-up job on a device, after the same checks as probes (and as raw writes, in write mode)."""
-    name = host.device_for_path(path)
-    device = host.device(name) if name else None
-    if device is None or not os.path.exists(path):
-        raise ConfigError([f"{key}: {path} is not a block device"])
-    if block_size % device.logical_block_size:
-        raise ConfigError(
-            [f"{key}: block size {block_size} is not a multiple of the logical block size {device.logical_block_size}"]
-        )
-    opener = None
-    if mode == "write":
-        refusal = safety.raw_write_refusal(host, device)
-        if refusal:
-            raise ConfigError([f"{key}: refusing to write: {path} ({device.name}) {refusal}"])
-
-        def opener(flags: int) -> int:
-            return os.open(path, flags | os.O_EXCL | os.O_CLOEXEC)
-
-    stable = device.volume_id or device.wwn or device.serial or os.path.realpath(path)
-    identity = Identity(stable, device.size_bytes, block_size, mode)
-    return WarmupJob(path, identity, jobs, rate, state_path, idle_priority, checkpoint_interval, opener)
+def legacy_state_file(target_name: str) -> str:
+    """The checkpoint file name of versions that kept one file per target, before volume states."""
+    return f"warmup-{re.sub(r'[^A-Za-z0-9_.-]', '_', target_name)}.json"

@@ -41,6 +41,7 @@ class MixinConfig:
     stall_threshold: str = "30s"
     stall_for: str = "0s"
     errors_for: str = "1m"
+    reload_failed_for: str = "10m"
     missing_window: str = "15m"
     missing_for: str = "5m"
     exporter_down_for: str = "5m"

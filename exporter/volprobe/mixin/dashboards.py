@@ -32,13 +32,24 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from .. import metrics, units
 from . import MixinConfig
 from .rules import recorded
 
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 BASE = 'job=~"$job", instance=~"$instance"'
 TARGET = f'{BASE}, target="$target"'
-LATENCY = "volprobe_probe_latency_seconds"
+# Every exported name comes from its declaration in volprobe.metrics, so a rename there reaches the dashboards.
+LATENCY = metrics.PROBE_LATENCY
+RECENT = metrics.PROBE_LATENCY_RECENT.name  # a summary: its quantiles are the family name itself
+BUILD_INFO = metrics.BUILD_INFO.name
+TARGET_INFO = metrics.TARGET_INFO.name
+THROTTLE_ACTIVE = metrics.THROTTLE_ACTIVE.name
+ERRORS = metrics.PROBE_ERRORS.total
+FAILURES = metrics.PROBE_FAILURES.total  # present at 0 from a probe's start: the first failure is an increase
+INFLIGHT = metrics.PROBE_INFLIGHT.name
+WARMUP_PROGRESS = metrics.WARMUP_PROGRESS.name
+WARMUP_STATE = metrics.WARMUP_STATE.name
 
 
 class Layout:
@@ -116,7 +127,7 @@ def variables(d, *extra):
         dashboard.QueryVariable("job")
         .label("job")
         .datasource(DS)
-        .query("label_values(volprobe_build_info, job)")
+        .query(f"label_values({BUILD_INFO}, job)")
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .multi(True)
         .include_all(True)
@@ -125,7 +136,7 @@ def variables(d, *extra):
         dashboard.QueryVariable("instance")
         .label("instance")
         .datasource(DS)
-        .query('label_values(volprobe_build_info{job=~"$job"}, instance)')
+        .query(f'label_values({BUILD_INFO}{{job=~"$job"}}, instance)')
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .multi(True)
         .include_all(True)
@@ -140,7 +151,7 @@ def target_variable(name: str, label: str, hide: bool = False):
         dashboard.QueryVariable(name)
         .label(label)
         .datasource(DS)
-        .query(f"label_values(volprobe_target_info{{{BASE}}}, target)")
+        .query(f"label_values({TARGET_INFO}{{{BASE}}}, target)")
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
     )
     return variable
@@ -160,7 +171,7 @@ def base(c: MixinConfig, name: str, title: str, description: str):
 
 
 def quantile(q: float, selector: str, by: str = "op") -> str:
-    return f"histogram_quantile({q}, sum by ({by}, le) (rate({LATENCY}_bucket{{{selector}}}[$__rate_interval])))"
+    return f"histogram_quantile({q}, sum by ({by}, le) (rate({LATENCY.bucket}{{{selector}}}[$__rate_interval])))"
 
 
 # -- Fleet ----------------------------------------------------------------------------------------------------
@@ -174,7 +185,7 @@ def fleet(c: MixinConfig):
     def p(q: float, op: str) -> str:
         return (
             f"histogram_quantile({q}, sum by ({by}, le) "
-            f'(rate({LATENCY}_bucket{{{BASE}, op="{op}"}}[$__rate_interval])))'
+            f'(rate({LATENCY.bucket}{{{BASE}, op="{op}"}}[$__rate_interval])))'
         )
 
     panel_id, position = layout.place(24, 10)
@@ -192,8 +203,8 @@ def fleet(c: MixinConfig):
         .with_target(
             query(
                 "E",
-                f"max by ({by}) (volprobe_target_info{{{BASE}}} * on (job, instance, device) group_left () "
-                f"max by (job, instance, device) (volprobe_throttle_active{{{BASE}}}))",
+                f"max by ({by}) ({TARGET_INFO}{{{BASE}}} * on (job, instance, device) group_left () "
+                f"max by (job, instance, device) ({THROTTLE_ACTIVE}{{{BASE}}}))",
                 instant=True,
                 fmt=PromQueryFormat.TABLE,
             )
@@ -201,7 +212,7 @@ def fleet(c: MixinConfig):
         .with_target(
             query(
                 "F",
-                f"sum by ({by}) (increase(volprobe_probe_errors_total{{{BASE}}}[$__rate_interval]))",
+                f"sum by ({by}) (increase({FAILURES}{{{BASE}}}[$__rate_interval]))",
                 instant=True,
                 fmt=PromQueryFormat.TABLE,
             )
@@ -209,7 +220,7 @@ def fleet(c: MixinConfig):
         .with_target(
             query(
                 "G",
-                f"max by ({by}) (volprobe_warmup_progress_ratio{{{BASE}}})",
+                f"max by ({by}) ({WARMUP_PROGRESS}{{{BASE}}})",
                 instant=True,
                 fmt=PromQueryFormat.TABLE,
             )
@@ -245,17 +256,20 @@ def fleet(c: MixinConfig):
     for title, expr, unit in (
         (
             "Throttled disks",
-            f"sum(max by (instance, device) (volprobe_throttle_active{{{BASE}}})) or vector(0)",
+            f"sum(max by (instance, device) ({THROTTLE_ACTIVE}{{{BASE}}})) or vector(0)",
             "none",
         ),
         (
             "Failing probes",
-            f"count(sum by (instance, target, op) (increase(volprobe_probe_errors_total{{{BASE}}}[$__rate_interval])) > 0)"
-            " or vector(0)",
+            f"count(sum by (instance, target, op) (increase({FAILURES}{{{BASE}}}[$__rate_interval])) > 0) or vector(0)",
             "none",
         ),
-        ("Warm-ups running", f'sum(volprobe_warmup_state{{{BASE}, state="running"}}) or vector(0)', "none"),
-        ("Stuck probes", f"count(volprobe_probe_inflight_seconds{{{BASE}}} > 30) or vector(0)", "none"),
+        ("Warm-ups running", f'sum({WARMUP_STATE}{{{BASE}, state="running"}}) or vector(0)', "none"),
+        (
+            "Stuck probes",
+            f"count({INFLIGHT}{{{BASE}}} > {units.parse_duration(c.stall_threshold):g}) or vector(0)",
+            "none",
+        ),
     ):
         panel_id, position = layout.place(6, 4)
         d = d.with_panel(
@@ -279,14 +293,14 @@ def volume(c: MixinConfig):
         dashboard.QueryVariable("device")
         .label("device")
         .datasource(DS)
-        .query(f"label_values(volprobe_target_info{{{TARGET}}}, device)")
+        .query(f"label_values({TARGET_INFO}{{{TARGET}}}, device)")
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
     )
     disk_var = (
         dashboard.QueryVariable("disk")
         .label("disk")
         .datasource(DS)
-        .query(f"label_values(volprobe_target_info{{{TARGET}}}, disks)")
+        .query(f"label_values({TARGET_INFO}{{{TARGET}}}, disks)")
         .regex("/^([^,]+)/")
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
     )
@@ -298,6 +312,9 @@ def volume(c: MixinConfig):
     )
     dev = f'{BASE}, device="$device"'
     disk = f'{BASE}, device="$disk"'
+    reads, writes = metrics.DISK_READS.spec.total, metrics.DISK_WRITES.spec.total
+    read_bytes, written_bytes = metrics.DISK_READ_BYTES.spec.total, metrics.DISK_WRITTEN_BYTES.spec.total
+    read_time, write_time = metrics.DISK_READ_TIME.spec.total, metrics.DISK_WRITE_TIME.spec.total
     panel_id, position = layout.place(24, 8)
     d = d.with_panel(
         heatmap.Panel()
@@ -309,7 +326,7 @@ def volume(c: MixinConfig):
         .with_target(
             query(
                 "A",
-                f"sum by (le) (increase({LATENCY}_bucket{{{TARGET}}}[$__rate_interval]))",
+                f"sum by (le) (increase({LATENCY.bucket}{{{TARGET}}}[$__rate_interval]))",
                 "{{le}}",
                 fmt=PromQueryFormat.HEATMAP,
             )
@@ -335,7 +352,7 @@ def volume(c: MixinConfig):
             "First vs repeat touch (p50 over the recent window)",
             "s",
             [
-                query("A", f'volprobe_probe_latency_recent_seconds{{{TARGET}, quantile="0.5"}}', "{{op}} {{touch}}"),
+                query("A", f'{RECENT}{{{TARGET}, quantile="0.5"}}', "{{op}} {{touch}}"),
             ],
             description="First-touch probes go to offsets never probed: on thin or restored volumes they pay allocation.",
         )
@@ -346,12 +363,10 @@ def volume(c: MixinConfig):
             "IOPS, with the throttle ceiling and the provisioned limit",
             "iops",
             [
-                query("A", f"rate(volprobe_disk_reads_completed_total{{{dev}}}[$__rate_interval])", "reads {{device}}"),
-                query(
-                    "B", f"rate(volprobe_disk_writes_completed_total{{{dev}}}[$__rate_interval])", "writes {{device}}"
-                ),
-                query("C", f"volprobe_throttle_ceiling_ops_per_second{{{disk}}}", "ceiling {{dir}} {{device}}"),
-                query("D", f"volprobe_limit_ops_per_second{{{TARGET}}}", "limit"),
+                query("A", f"rate({reads}{{{dev}}}[$__rate_interval])", "reads {{device}}"),
+                query("B", f"rate({writes}{{{dev}}}[$__rate_interval])", "writes {{device}}"),
+                query("C", f"{metrics.THROTTLE_CEILING_OPS.name}{{{disk}}}", "ceiling {{dir}} {{device}}"),
+                query("D", f"{metrics.LIMIT_OPS.name}{{{TARGET}}}", "limit"),
             ],
         )
     )
@@ -361,10 +376,10 @@ def volume(c: MixinConfig):
             "Throughput, with the throttle ceiling and the provisioned limit",
             "Bps",
             [
-                query("A", f"rate(volprobe_disk_read_bytes_total{{{dev}}}[$__rate_interval])", "read {{device}}"),
-                query("B", f"rate(volprobe_disk_written_bytes_total{{{dev}}}[$__rate_interval])", "written {{device}}"),
-                query("C", f"volprobe_throttle_ceiling_bytes_per_second{{{disk}}}", "ceiling {{dir}} {{device}}"),
-                query("D", f"volprobe_limit_bytes_per_second{{{TARGET}}}", "limit"),
+                query("A", f"rate({read_bytes}{{{dev}}}[$__rate_interval])", "read {{device}}"),
+                query("B", f"rate({written_bytes}{{{dev}}}[$__rate_interval])", "written {{device}}"),
+                query("C", f"{metrics.THROTTLE_CEILING_BYTES.name}{{{disk}}}", "ceiling {{dir}} {{device}}"),
+                query("D", f"{metrics.LIMIT_BYTES.name}{{{TARGET}}}", "limit"),
             ],
         )
     )
@@ -376,14 +391,12 @@ def volume(c: MixinConfig):
             [
                 query(
                     "A",
-                    f"rate(volprobe_disk_read_time_seconds_total{{{dev}}}[$__rate_interval]) / "
-                    f"rate(volprobe_disk_reads_completed_total{{{dev}}}[$__rate_interval])",
+                    f"rate({read_time}{{{dev}}}[$__rate_interval]) / rate({reads}{{{dev}}}[$__rate_interval])",
                     "read",
                 ),
                 query(
                     "B",
-                    f"rate(volprobe_disk_write_time_seconds_total{{{dev}}}[$__rate_interval]) / "
-                    f"rate(volprobe_disk_writes_completed_total{{{dev}}}[$__rate_interval])",
+                    f"rate({write_time}{{{dev}}}[$__rate_interval]) / rate({writes}{{{dev}}}[$__rate_interval])",
                     "write",
                 ),
             ],
@@ -395,8 +408,8 @@ def volume(c: MixinConfig):
             "Queue depth",
             "short",
             [
-                query("A", f"rate(volprobe_disk_io_time_weighted_seconds_total{{{dev}}}[$__rate_interval])", "average"),
-                query("B", f"volprobe_disk_io_now{{{dev}}}", "in flight at scrape"),
+                query("A", f"rate({metrics.DISK_IO_TIME_WEIGHTED.spec.total}{{{dev}}}[$__rate_interval])", "average"),
+                query("B", f"{metrics.DISK_IO_NOW.spec.name}{{{dev}}}", "in flight at scrape"),
             ],
         )
     )
@@ -406,7 +419,7 @@ def volume(c: MixinConfig):
             "Age of the probe in flight",
             "s",
             [
-                query("A", f'volprobe_probe_inflight_seconds{{{BASE}, target="$target"}}', "{{op}}"),
+                query("A", f'{INFLIGHT}{{{BASE}, target="$target"}}', "{{op}}"),
             ],
             description="Grows while a probe is stuck in the kernel: the volume hangs.",
         )
@@ -419,15 +432,20 @@ def volume(c: MixinConfig):
             [
                 query(
                     "A",
-                    f"sum by (op, errno) (increase(volprobe_probe_errors_total{{{TARGET}}}[$__rate_interval]))",
+                    f"sum by (op, errno) (increase({ERRORS}{{{TARGET}}}[$__rate_interval]))",
                     "errors {{op}} {{errno}}",
                 ),
                 query(
+                    "D",
+                    f"sum by (op) (increase({FAILURES}{{{TARGET}}}[$__rate_interval]))",
+                    "failures {{op}} (any errno)",
+                ),
+                query(
                     "B",
-                    f"sum by (op) (increase(volprobe_probe_missed_total{{{TARGET}}}[$__rate_interval]))",
+                    f"sum by (op) (increase({metrics.PROBE_MISSED.total}{{{TARGET}}}[$__rate_interval]))",
                     "missed {{op}}",
                 ),
-                query("C", f"increase(volprobe_probe_zero_reads_total{{{TARGET}}}[$__rate_interval])", "zero reads"),
+                query("C", f"increase({metrics.PROBE_ZERO_READS.total}{{{TARGET}}}[$__rate_interval])", "zero reads"),
             ],
         )
     )
@@ -437,7 +455,7 @@ def volume(c: MixinConfig):
             "Probes' share of the disk's I/O, and the probe interval",
             "percentunit",
             [
-                query("A", f"volprobe_probe_share_ratio{{{disk}}}", "share {{device}}"),
+                query("A", f"{metrics.PROBE_SHARE.name}{{{disk}}}", "share {{device}}"),
             ],
             description="volprobe backs off 10x while the disk is throttled.",
         )
@@ -461,7 +479,7 @@ def warmup(c: MixinConfig):
         .unit("percentunit")
         .min(0)
         .max(1)
-        .with_target(query("A", f"volprobe_warmup_progress_ratio{{{BASE}}}", "{{instance}} {{target}}"))
+        .with_target(query("A", f"{WARMUP_PROGRESS}{{{BASE}}}", "{{instance}} {{target}}"))
     )
     panel_id, position = layout.place(12, 8)
     d = d.with_panel(
@@ -471,7 +489,7 @@ def warmup(c: MixinConfig):
         .datasource(DS)
         .grid_pos(position)
         .unit("s")
-        .with_target(query("A", f"volprobe_warmup_eta_seconds{{{BASE}}}", instant=True, fmt=PromQueryFormat.TABLE))
+        .with_target(query("A", f"{metrics.WARMUP_ETA.name}{{{BASE}}}", instant=True, fmt=PromQueryFormat.TABLE))
         .with_transformation(
             DataTransformerConfig(
                 id_val="organize",
@@ -488,7 +506,7 @@ def warmup(c: MixinConfig):
             "Warm-up throughput",
             "Bps",
             [
-                query("A", f"deriv(volprobe_warmup_done_bytes{{{BASE}}}[$__rate_interval])", "{{instance}} {{target}}"),
+                query("A", f"deriv({metrics.WARMUP_DONE.name}{{{BASE}}}[$__rate_interval])", "{{instance}} {{target}}"),
             ],
         )
     )
@@ -499,7 +517,7 @@ def warmup(c: MixinConfig):
         .title("State")
         .datasource(DS)
         .grid_pos(position)
-        .with_target(query("A", f"volprobe_warmup_state{{{BASE}}} == 1", "{{target}} {{state}}"))
+        .with_target(query("A", f"{WARMUP_STATE}{{{BASE}}} == 1", "{{target}} {{state}}"))
         .legend(legend())
     )
     d = d.with_panel(
@@ -510,9 +528,9 @@ def warmup(c: MixinConfig):
             [
                 query(
                     "A",
-                    f'volprobe_probe_latency_recent_seconds{{{BASE}, touch="first", quantile="0.5"}}\n'
+                    f'{RECENT}{{{BASE}, touch="first", quantile="0.5"}}\n'
                     f"  / ignoring (touch) "
-                    f'volprobe_probe_latency_recent_seconds{{{BASE}, touch="repeat", quantile="0.5"}}',
+                    f'{RECENT}{{{BASE}, touch="repeat", quantile="0.5"}}',
                     "{{instance}} {{target}} {{op}}",
                 ),
             ],
@@ -593,8 +611,8 @@ def migration(c: MixinConfig):
         overlay = overlay.with_target(
             query(
                 ref,
-                f"sum by (le) (increase({LATENCY}_bucket{{{selector}}}[$__range])) / ignoring (le) group_left "
-                f"sum(increase({LATENCY}_count{{{selector}}}[$__range]))",
+                f"sum by (le) (increase({LATENCY.bucket}{{{selector}}}[$__range])) / ignoring (le) group_left "
+                f"sum(increase({LATENCY.count}{{{selector}}}[$__range]))",
                 side,
                 instant=True,
                 fmt=PromQueryFormat.TABLE,

@@ -7,17 +7,23 @@ from typing import Any
 
 import yaml
 
-from .. import units
+from .. import metrics, units
 from . import MixinConfig
 
-LATENCY = "volprobe_probe_latency_seconds"
+# Every exported name comes from its declaration in volprobe.metrics, so a rename there reaches the rules.
+LATENCY = metrics.PROBE_LATENCY
+READS, WRITES = metrics.DISK_READS.spec, metrics.DISK_WRITES.spec
+READ_BYTES, WRITTEN_BYTES = metrics.DISK_READ_BYTES.spec, metrics.DISK_WRITTEN_BYTES.spec
+# Recorded per-device I/O rates (reads + writes): names of our own, not of one exported family.
+DISK_OPS_RATE = "device:volprobe_disk_ops:rate"
+DISK_BYTES_RATE = "device:volprobe_disk_bytes:rate"
 BY_PROBE = "job, instance, target, device, op"
 QUANTILES = (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
 
 
 def recorded(name: str) -> str:
     """Names of the recorded latency series, e.g. target_op:volprobe_probe_latency_seconds:p99."""
-    return f"target_op:{LATENCY}:{name}"
+    return f"target_op:{LATENCY.name}:{name}"
 
 
 def _seconds_text(value: str) -> str:
@@ -26,7 +32,7 @@ def _seconds_text(value: str) -> str:
 
 def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
     rules: list[dict[str, Any]] = []
-    buckets = f"{LATENCY}_bucket{{{c.selector}}}"
+    buckets = f"{LATENCY.bucket}{{{c.selector}}}"
     for name, q in QUANTILES:
         rules.append(
             {
@@ -49,28 +55,20 @@ def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
     )
     rules.append(
         {
-            "record": f"target_op:{LATENCY}:rate",
-            "expr": f"sum by ({BY_PROBE}) (rate({LATENCY}_count{{{c.selector}}}[{c.rate_window}]))",
+            "record": recorded("rate"),
+            "expr": f"sum by ({BY_PROBE}) (rate({LATENCY.count}{{{c.selector}}}[{c.rate_window}]))",
         }
     )
-    rules.append(
-        {
-            "record": "device:volprobe_disk_ops:rate",
-            "expr": (
-                f"sum by (job, instance, device) (rate(volprobe_disk_reads_completed_total{{{c.selector}}}[{c.rate_window}])"
-                f" + rate(volprobe_disk_writes_completed_total{{{c.selector}}}[{c.rate_window}]))"
-            ),
-        }
-    )
-    rules.append(
-        {
-            "record": "device:volprobe_disk_bytes:rate",
-            "expr": (
-                f"sum by (job, instance, device) (rate(volprobe_disk_read_bytes_total{{{c.selector}}}[{c.rate_window}])"
-                f" + rate(volprobe_disk_written_bytes_total{{{c.selector}}}[{c.rate_window}]))"
-            ),
-        }
-    )
+    for record, read, write in ((DISK_OPS_RATE, READS, WRITES), (DISK_BYTES_RATE, READ_BYTES, WRITTEN_BYTES)):
+        rules.append(
+            {
+                "record": record,
+                "expr": (
+                    f"sum by (job, instance, device) (rate({read.total}{{{c.selector}}}[{c.rate_window}])"
+                    f" + rate({write.total}{{{c.selector}}}[{c.rate_window}]))"
+                ),
+            }
+        )
     return rules
 
 
@@ -133,10 +131,10 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
     )
     plateau = " or\n".join(
         f"({metric}{{{sel}}}\n  * on (job, instance, device, dir) group_left (limit)\n"
-        f'  (volprobe_throttle_active{{{sel}, limit="{limit}"}} == 1))'
+        f'  ({metrics.THROTTLE_ACTIVE.name}{{{sel}, limit="{limit}"}} == 1))'
         for limit, metric in (
-            ("iops", "volprobe_throttle_ceiling_ops_per_second"),
-            ("bandwidth", "volprobe_throttle_ceiling_bytes_per_second"),
+            ("iops", metrics.THROTTLE_CEILING_OPS.name),
+            ("bandwidth", metrics.THROTTLE_CEILING_BYTES.name),
         )
     )
     rules.append(
@@ -157,8 +155,8 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         f"label_replace(\n  {recorded_rate}{{{sel}}}\n  / on (job, instance, device)\n  max by (job, instance, device) "
         f'({metric}{{{sel}}})\n  > {c.limit_ratio:g},\n  "limit", "{limit}", "", "")'
         for limit, recorded_rate, metric in (
-            ("iops", "device:volprobe_disk_ops:rate", "volprobe_limit_ops_per_second"),
-            ("bandwidth", "device:volprobe_disk_bytes:rate", "volprobe_limit_bytes_per_second"),
+            ("iops", DISK_OPS_RATE, metrics.LIMIT_OPS.name),
+            ("bandwidth", DISK_BYTES_RATE, metrics.LIMIT_BYTES.name),
         )
     )
     rules.append(
@@ -177,7 +175,7 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeProbeStalled",
-            f"volprobe_probe_inflight_seconds{{{sel}}} > {_seconds_text(c.stall_threshold)}",
+            f"{metrics.PROBE_INFLIGHT.name}{{{sel}}} > {_seconds_text(c.stall_threshold)}",
             c.stall_for,
             "critical",
             "A probe has been stuck in the kernel: the volume does not answer.",
@@ -189,24 +187,26 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeProbeErrors",
-            f"sum by (job, instance, target, device, op, errno) "
-            f"(increase(volprobe_probe_errors_total{{{sel}}}[{c.rate_window}])) > 0",
+            # The failures counter exists at 0 from a probe's start, so the very first failure is an increase
+            # (an errno series would appear at 1, which increase() cannot see).
+            f"sum by (job, instance, target, device, op) "
+            f"(increase({metrics.PROBE_FAILURES.total}{{{sel}}}[{c.rate_window}])) > 0",
             c.errors_for,
             "warning",
             "Probes of a volume fail.",
-            f"{{{{ $value | humanize }}}} {{{{ $labels.op }}}} probes of {WHERE} failed with {{{{ $labels.errno }}}} "
-            f"in the last {c.rate_window}.",
+            f"{{{{ $value | humanize }}}} {{{{ $labels.op }}}} probes of {WHERE} failed in the last {c.rate_window} "
+            f"(volprobe_probe_errors_total gives the errno).",
         )
     )
     rules.append(
         _alert(
             c,
             "VolprobeProbesMissing",
-            f"sum by (job, instance, target, device, op) (increase({LATENCY}_count{{{sel}}}[{c.missing_window}])) == 0\n"
+            f"sum by (job, instance, target, device, op) (increase({LATENCY.count}{{{sel}}}[{c.missing_window}])) == 0\n"
             f"and on (job, instance) up{{{sel}}} == 1\n"
             # only probes that already existed a whole window ago: a fresh start is not "missing"
             f"and on (job, instance, target, device, op)\n"
-            f"  sum by (job, instance, target, device, op) ({LATENCY}_count{{{sel}}} offset {c.missing_window})",
+            f"  sum by (job, instance, target, device, op) ({LATENCY.count}{{{sel}}} offset {c.missing_window})",
             c.missing_for,
             "warning",
             "The exporter is up but a probe produced no sample.",
@@ -228,11 +228,23 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
     rules.append(
         _alert(
             c,
+            "VolprobeConfigReloadFailed",
+            f"{metrics.CONFIG_RELOAD_SUCCESSFUL.name}{{{sel}}} == 0",
+            c.reload_failed_for,
+            "warning",
+            "volprobe's configuration reload failed.",
+            f"The last configuration reload of volprobe on {{{{ $labels.instance }}}} failed (for {c.reload_failed_for} "
+            f"or more): it runs the previous configuration, and a restart would fail to start.",
+        )
+    )
+    done = metrics.WARMUP_DONE.name
+    rules.append(
+        _alert(
+            c,
             "VolprobeWarmupStalled",
-            f'volprobe_warmup_state{{{sel}, state="running"}} == 1\n'
-            f"and on (job, instance, target, device) changes(volprobe_warmup_done_bytes{{{sel}}}[{c.warmup_stall_window}])"
-            f" == 0\n"
-            f"and on (job, instance, target, device) volprobe_warmup_done_bytes{{{sel}}} offset {c.warmup_stall_window}",
+            f'{metrics.WARMUP_STATE.name}{{{sel}, state="running"}} == 1\n'
+            f"and on (job, instance, target, device) changes({done}{{{sel}}}[{c.warmup_stall_window}]) == 0\n"
+            f"and on (job, instance, target, device) {done}{{{sel}}} offset {c.warmup_stall_window}",
             c.warmup_stall_for,
             "warning",
             "A volume warm-up makes no progress.",

@@ -1,0 +1,137 @@
+"""A reload keeps every probe whose effective specification is unchanged, discovered ones included; a probe
+whose specification changed restarts and the log names the key (issue 16, part 1)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from .harness import MIB, sample_value, volprobe_command
+
+pytestmark = pytest.mark.root
+
+
+def count(samples, target: str, op: str = "read") -> float:
+    return sum(
+        v
+        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
+        if labels["target"] == target and labels["op"] == op
+    )
+
+
+def reload_and_wait(exporter, config, text: str) -> None:
+    reloads, rejections = exporter.log().count("configuration reloaded"), exporter.log().count("rejected")
+    config.write_text(text)
+    exporter.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 15
+    while exporter.log().count("configuration reloaded") == reloads:
+        assert exporter.log().count("rejected") == rejections, exporter.log()[-2000:]
+        assert time.monotonic() < deadline, f"no reload in the log:\n{exporter.log()[-2000:]}"
+        time.sleep(0.05)
+
+
+def test_reloads_of_every_section_keep_unchanged_probes(tmp_path, make_loop, start_exporter):
+    explicit, found = make_loop(16 * MIB, name="explicit"), make_loop(16 * MIB, name="found")
+    found_name = os.path.basename(found)
+    state = tmp_path / "state"
+    state.mkdir()
+    base = f"""
+targets:
+  - {{name: explicit, device: {explicit}, probes: [{{op: read, interval: 50ms}}]}}
+discovery:
+  include: ['{found_name}']
+  rescan_interval: 1s
+  probes: [{{op: read, interval: 50ms}}]
+"""
+    # One reload per top-level section; none of them changes either probe's effective specification.
+    variants = {
+        "discovery": base.replace("rescan_interval: 1s", "rescan_interval: 1s\n  exclude: ['nothing\\d+']"),
+        "throttle": base + "throttle: {window: 30s, backoff: 5}\n",
+        "diskstats": base + "diskstats: all\n",
+        "state_directory": base + f"state_directory: {state}\n",
+        "defaults": base + "defaults: {jitter: 0.1, revisit: 0.25, interval: 1s}\n",
+        "targets": base.replace("targets:\n", f"targets:\n  - {{name: extra, device: {make_loop(16 * MIB)}}}\n"),
+    }
+    config = tmp_path / "volprobe.yml"
+    config.write_text(base)
+    exporter = start_exporter("--config", str(config))
+    samples = exporter.wait_for(
+        lambda s: count(s, "explicit") >= 20 and count(s, found_name) >= 20, what="both probes running"
+    )
+    for section, text in variants.items():
+        before = {name: count(samples, name) for name in ("explicit", found_name)}
+        reload_and_wait(exporter, config, text)
+        samples = exporter.metrics()
+        for name, value in before.items():
+            # A restarted probe starts again from 0 and cannot have regrown to its old count this soon.
+            assert count(samples, name) >= value, f"reloading {section} restarted {name}:\n{exporter.log()[-2000:]}"
+    assert "stopped probing" not in exporter.log()
+    assert exporter.stop() == 0
+
+
+def test_a_changed_discovery_probe_restarts_and_names_the_key(tmp_path, make_loop, start_exporter):
+    found = make_loop(16 * MIB, name="found")
+    name = os.path.basename(found)
+    text = f"discovery: {{include: ['{name}'], rescan_interval: 1s, probes: [{{op: read, interval: 50ms}}]}}\n"
+    config = tmp_path / "volprobe.yml"
+    config.write_text(text)
+    exporter = start_exporter("--config", str(config))
+    exporter.wait_for(lambda s: count(s, name) >= 10, what="the discovered probe")
+    reload_and_wait(exporter, config, text.replace("interval: 50ms", "interval: 40ms"))
+    deadline = time.monotonic() + 10
+    while f"discovered {name}" not in exporter.log().split("configuration reloaded")[-1]:
+        assert time.monotonic() < deadline, exporter.log()[-2000:]
+        time.sleep(0.1)
+    assert f"stopped probing {name} ({found}): probes[0].interval: 0.05 -> 0.04" in exporter.log()
+    samples = exporter.wait_for(lambda s: count(s, name) >= 1, what="the restarted probe")
+    info = [labels for labels, _ in samples["volprobe_probe_info"] if labels["target"] == name]
+    assert [labels["interval"] for labels in info] == ["0.04s"]
+    assert exporter.stop() == 0
+
+
+def test_reload_outcome_is_exported(tmp_path, make_loop, start_exporter):
+    loop = make_loop(16 * MIB)
+    good = f"targets: [{{name: a, device: {loop}, probes: [{{op: read, interval: 50ms}}]}}]\n"
+    config = tmp_path / "volprobe.yml"
+    config.write_text(good)
+    started = time.time()
+    exporter = start_exporter("--config", str(config))
+    samples = exporter.metrics()
+    assert sample_value(samples, "volprobe_config_last_reload_successful") == 1
+    first = sample_value(samples, "volprobe_config_last_reload_success_timestamp_seconds")
+    assert started - 1 <= first <= time.time()
+    config.write_text(good.replace("interval", "intervall"))
+    exporter.process.send_signal(signal.SIGHUP)
+    samples = exporter.wait_for(
+        lambda s: sample_value(s, "volprobe_config_last_reload_successful") == 0, timeout=10, what="a failed reload"
+    )
+    assert sample_value(samples, "volprobe_config_last_reload_success_timestamp_seconds") == first
+    reload_and_wait(exporter, config, good)
+    samples = exporter.metrics()
+    assert sample_value(samples, "volprobe_config_last_reload_successful") == 1
+    assert sample_value(samples, "volprobe_config_last_reload_success_timestamp_seconds") > first
+    assert exporter.stop() == 0
+
+
+def test_discovery_patterns_that_match_nothing_are_reported(tmp_path, make_loop, start_exporter):
+    name = os.path.basename(make_loop(16 * MIB))
+    config = tmp_path / "volprobe.yml"
+    config.write_text(f"discovery: {{include: ['{name}', '^loop', 'loop'], exclude: ['nothing']}}\n")
+    checked = subprocess.run(volprobe_command("check-config", str(config)), capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    assert f"discovery.include[0] '{name}': {name}" in checked.stdout
+    assert "discovery.include[1] '^loop': no device now (patterns match whole kernel names)" in checked.stdout
+    assert "discovery.exclude[0] 'nothing': no device now" in checked.stdout
+    exporter = start_exporter("--config", str(config))
+    exporter.wait_for(lambda s: count(s, name) >= 1, what="the discovered probe")
+    log = exporter.log()
+    assert "discovery.include[1] '^loop' matches no device now" in log
+    assert "discovery.include[2] 'loop' matches no device now" in log
+    assert "discovery.include[0]" not in log
+    reload_and_wait(exporter, config, config.read_text())
+    assert exporter.log().count("discovery.include[1] '^loop' matches no device now") == 2, "warned again on reload"
+    assert exporter.stop() == 0

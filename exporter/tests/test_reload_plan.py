@@ -1,0 +1,71 @@
+"""What a reload keeps, restarts and why: the pure planning step (runtime/reload.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from volprobe import config
+from volprobe.discovery import BlockDevice
+from volprobe.runtime import reload
+from volprobe.targets import ResolvedTarget
+
+DISK = BlockDevice("loop7", 7, 7, "loop", "/dev/loop7", 64 << 20, 512, 512)
+
+
+def resolved(document: dict, device: BlockDevice = DISK) -> list[ResolvedTarget]:
+    parsed = config.parse(document)
+    return [ResolvedTarget(t, t.name or device.name, t.kind, t.path, device, [device.name]) for t in parsed.targets]
+
+
+def test_a_target_moved_in_the_file_is_kept():
+    a = {"name": "a", "device": "/dev/loop7", "probes": [{"op": "read", "interval": "50ms"}]}
+    b = {"name": "b", "device": "/dev/loop8"}
+    running = resolved({"targets": [a]})
+    plan = reload.plan(running, resolved({"targets": [b, a]}))
+    assert [(old.name, new.name) for old, new in plan.keep] == [("a", "a")]
+    assert plan.keep[0][0] is running[0] and plan.keep[0][1].config.key == "targets[1]"
+    assert [t.name for t in plan.start] == ["b"] and plan.stop == []
+
+
+def test_defaults_that_do_not_change_a_probe_keep_it():
+    # Setting a default to the value the probe already has is no change.
+    explicit = {"name": "a", "device": "/dev/loop7", "probes": [{"op": "read", "interval": "2s"}]}
+    running = resolved({"targets": [explicit]})
+    plan = reload.plan(running, resolved({"defaults": {"interval": "2s", "jitter": 0.1}, "targets": [explicit]}))
+    assert len(plan.keep) == 1 and not plan.start and not plan.stop
+
+
+def test_a_changed_probe_restarts_and_says_which_key_changed():
+    before = {"name": "a", "device": "/dev/loop7", "probes": [{"op": "read", "interval": "1s"}]}
+    after = {"name": "a", "device": "/dev/loop7", "probes": [{"op": "read", "interval": "2s"}]}
+    plan = reload.plan(resolved({"targets": [before]}), resolved({"targets": [after]}))
+    assert not plan.keep and [t.name for t in plan.start] == ["a"] and [t.name for t in plan.stop] == ["a"]
+    assert plan.why["a"] == "probes[0].interval: 1.0 -> 2.0"
+
+
+def test_a_default_that_changes_a_probe_restarts_it():
+    target = {"name": "a", "device": "/dev/loop7"}
+    plan = reload.plan(resolved({"targets": [target]}), resolved({"defaults": {"revisit": 0.5}, "targets": [target]}))
+    assert plan.why["a"] == "probes[0].revisit: 0.25 -> 0.5"
+
+
+def test_a_replaced_device_restarts_the_target():
+    target = {"name": "a", "device": "/dev/loop7"}
+    replaced = replace(DISK, minor=9)
+    plan = reload.plan(resolved({"targets": [target]}), resolved({"targets": [target]}, replaced))
+    assert plan.why["a"] == "device replaced"
+
+
+def test_removed_targets_and_restart_all():
+    a = {"name": "a", "device": "/dev/loop7"}
+    running = resolved({"targets": [a]})
+    assert reload.plan(running, []).why == {"a": "removed from the configuration"}
+    plan = reload.plan(running, resolved({"targets": [a]}), restart_all="defaults.window changed")
+    assert not plan.keep and plan.why == {"a": "defaults.window changed"}
+
+
+def test_changes_walks_nested_configuration():
+    old = config.TargetConfig("k", name="a", device="/dev/x", limits=config.Limits(iops=100))
+    new = replace(old, key="other", limits=config.Limits(iops=200), warmup=config.WarmupConfig())
+    assert reload.changes(old, new) == ["limits.iops: 100 -> 200", f"warmup: None -> {config.WarmupConfig()!r}"]
+    assert reload.changes(old, replace(old, key="moved")) == []

@@ -1,0 +1,55 @@
+"""Throttling plateaus of the disks under the targets, from the detector, and the configured limits."""
+
+from __future__ import annotations
+
+from prometheus_client.core import Metric
+
+from .. import metrics
+from ..detectors import DIRECTIONS, LIMITS
+from . import Sources, register
+
+
+@register("throttle", "throttling plateaus and provisioned limits")
+class ThrottleCollector:
+    def __init__(self, sources: Sources) -> None:
+        self.exporter = sources.exporter
+
+    def collect(self) -> list[Metric]:
+        limit_ops = metrics.LIMIT_OPS.family()
+        limit_bytes = metrics.LIMIT_BYTES.family()
+        for target in self.exporter.probes.targets():
+            limits = target.config.limits
+            for disk in target.disks:
+                if limits.iops:
+                    limit_ops.add_metric([target.name, disk], limits.iops)
+                if limits.bandwidth:
+                    limit_bytes.add_metric([target.name, disk], limits.bandwidth)
+        families: list[Metric] = [limit_ops, limit_bytes]
+        detector = self.exporter.throttle.detector
+        if detector is None:
+            return families
+        active = metrics.THROTTLE_ACTIVE.family()
+        ceiling_ops = metrics.THROTTLE_CEILING_OPS.family()
+        ceiling_bytes = metrics.THROTTLE_CEILING_BYTES.family()
+        seconds = metrics.THROTTLE_SECONDS.family()
+        share = metrics.PROBE_SHARE.family()
+        checks = metrics.THROTTLE_CHECKS.family()
+        unloaded = metrics.THROTTLE_UNLOADED.family()
+        for name, state in sorted(detector.snapshot().items()):
+            for direction in DIRECTIONS:
+                plateau = state.plateaus.get(direction)
+                for limit in LIMITS:
+                    active.add_metric([name, limit, direction], 1.0 if plateau and plateau.limit == limit else 0.0)
+                    seconds.add_metric([name, limit, direction], state.throttled_seconds.get((limit, direction), 0.0))
+                if plateau:
+                    ceiling_ops.add_metric([name, direction], plateau.ceiling_ops)
+                    ceiling_bytes.add_metric([name, direction], plateau.ceiling_bytes)
+            ratio = detector.probe_share(name)
+            if ratio is not None:
+                share.add_metric([name], ratio)
+            for result in ("capped", "uncapped", "inconclusive"):
+                checks.add_metric([name, result], state.checks.get(result, 0))
+            for direction, value in sorted(state.unloaded.items()):
+                if value is not None:
+                    unloaded.add_metric([name, direction], value)
+        return [*families, active, ceiling_ops, ceiling_bytes, seconds, share, checks, unloaded]

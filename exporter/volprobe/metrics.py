@@ -1,0 +1,321 @@
+"""Every metric volprobe exports, declared once: name, type, help and labels.
+
+Collectors build their families from these declarations, and the mixin writes its rules and dashboards with
+the series names they give (`PROBE_ERRORS.total`, `PROBE_LATENCY.bucket`), so a rename reaches all three;
+a test checks that every volprobe_* name in the committed rules and dashboards is declared here. Names are a
+public contract: renaming one means keeping the old series as well until dashboards and rules have moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+
+from . import diskstats
+
+_FAMILIES = {
+    "counter": CounterMetricFamily,
+    "gauge": GaugeMetricFamily,
+    "histogram": HistogramMetricFamily,
+    "summary": SummaryMetricFamily,
+}
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # the family name; counters add _total to their sample, histograms and summaries _bucket etc.
+    kind: str  # counter, gauge, histogram or summary
+    help: str
+    labels: tuple[str, ...]
+
+    def family(self) -> Metric:
+        """A fresh, empty family for one scrape."""
+        return _FAMILIES[self.kind](self.name, self.help, labels=list(self.labels))
+
+    @property
+    def total(self) -> str:
+        assert self.kind == "counter", self.name
+        return f"{self.name}_total"
+
+    @property
+    def bucket(self) -> str:
+        assert self.kind == "histogram", self.name
+        return f"{self.name}_bucket"
+
+    @property
+    def count(self) -> str:
+        assert self.kind in ("histogram", "summary"), self.name
+        return f"{self.name}_count"
+
+    @property
+    def sum(self) -> str:
+        assert self.kind in ("histogram", "summary"), self.name
+        return f"{self.name}_sum"
+
+    def series_names(self) -> tuple[str, ...]:
+        """Every sample name the family exposes."""
+        if self.kind == "counter":
+            return (self.total,)
+        if self.kind == "histogram":
+            return (self.bucket, self.count, self.sum)
+        if self.kind == "summary":
+            return (self.name, self.count, self.sum)
+        return (self.name,)
+
+    def __str__(self) -> str:
+        """The name a query uses for a gauge, counter or summary quantile."""
+        return self.total if self.kind == "counter" else self.name
+
+
+PROBE = ("target", "device", "op")
+PROBE_TOUCH = (*PROBE, "touch")
+TARGET = ("target", "device")
+DEVICE = ("device",)
+
+# -- build and scrape ---------------------------------------------------------------------------------------
+
+BUILD_INFO = MetricSpec(
+    "volprobe_build_info",
+    "gauge",
+    "A metric with a constant '1' value labeled by version, Python version and probe timer (c or python).",
+    ("version", "python_version", "timer"),
+)
+CONFIG_RELOAD_SUCCESSFUL = MetricSpec(
+    "volprobe_config_last_reload_successful",
+    "gauge",
+    "Whether the last configuration reload (SIGHUP) succeeded.",
+    (),
+)
+CONFIG_RELOAD_SUCCESS_TIME = MetricSpec(
+    "volprobe_config_last_reload_success_timestamp_seconds",
+    "gauge",
+    "Unix time of the last successful configuration load (start-up or reload).",
+    (),
+)
+SCRAPE_SUCCESS = MetricSpec(
+    "volprobe_scrape_collector_success", "gauge", "Whether a collector succeeded.", ("collector",)
+)
+SCRAPE_DURATION = MetricSpec(
+    "volprobe_scrape_collector_duration_seconds", "gauge", "Duration of a collector scrape.", ("collector",)
+)
+
+# -- probes ---------------------------------------------------------------------------------------------------
+
+PROBE_LATENCY = MetricSpec(
+    "volprobe_probe_latency_seconds",
+    "histogram",
+    "Latency of queue-depth-1 direct I/O probes, timed around the syscall alone.",
+    PROBE_TOUCH,
+)
+PROBE_LATENCY_RECENT = MetricSpec(
+    "volprobe_probe_latency_recent_seconds",
+    "summary",
+    "Probe latency quantiles over the sliding window, from a histogram with <=0.78% relative error.",
+    PROBE_TOUCH,
+)
+PROBE_MISSED = MetricSpec(
+    "volprobe_probe_missed", "counter", "Probe slots skipped because an earlier probe outlived its slot.", PROBE
+)
+PROBE_ERRORS = MetricSpec(
+    "volprobe_probe_errors",
+    "counter",
+    "Failed probes by errno name (SHORT: short transfer); EIO is present from the probe's start, at 0.",
+    (*PROBE, "errno"),
+)
+PROBE_FAILURES = MetricSpec(
+    "volprobe_probe_failures",
+    "counter",
+    "Failed probes, whatever the error; present from the probe's start, at 0, so increase() sees the first one.",
+    PROBE,
+)
+PROBE_INFLIGHT = MetricSpec(
+    "volprobe_probe_inflight_seconds",
+    "gauge",
+    "Age of the probe in flight at scrape time; 0 when none.",
+    ("target", "op"),
+)
+PROBE_ZERO_READS = MetricSpec(
+    "volprobe_probe_zero_reads",
+    "counter",
+    "Read probes that returned an all-zero block (never-written blocks of thin volumes).",
+    TARGET,
+)
+PROBE_INTERVAL = MetricSpec(
+    "volprobe_probe_interval_seconds", "gauge", "Current interval between probes (longer while backing off).", PROBE
+)
+PROBE_INFO = MetricSpec(
+    "volprobe_probe_info",
+    "gauge",
+    "Probe specification: block size, configured interval, O_DSYNC.",
+    (*PROBE, "block_size_bytes", "interval", "sync"),
+)
+
+# -- targets --------------------------------------------------------------------------------------------------
+
+TARGET_INFO = MetricSpec(
+    "volprobe_target_info",
+    "gauge",
+    "Identity of a probed target and its block device (pv and pod_uid: a Kubernetes volume's, from its path).",
+    (
+        "target",
+        "device",
+        "path",
+        "kind",
+        "serial",
+        "model",
+        "vendor",
+        "wwn",
+        "volume_id",
+        "mountpoint",
+        "fstype",
+        "disks",
+        "pv",
+        "pod_uid",
+    ),
+)
+DEVICE_SIZE = MetricSpec("volprobe_device_size_bytes", "gauge", "Size of a probed block device.", DEVICE)
+
+# -- throttling -----------------------------------------------------------------------------------------------
+
+LIMIT_OPS = MetricSpec(
+    "volprobe_limit_ops_per_second", "gauge", "Provisioned IOPS limit of a target's disks, from the config.", TARGET
+)
+LIMIT_BYTES = MetricSpec(
+    "volprobe_limit_bytes_per_second",
+    "gauge",
+    "Provisioned bandwidth limit of a target's disks, from the config.",
+    TARGET,
+)
+THROTTLE_ACTIVE = MetricSpec(
+    "volprobe_throttle_active",
+    "gauge",
+    "1 while the disk sits on a flat ceiling with requests queueing (a provider's cap).",
+    ("device", "limit", "dir"),
+)
+THROTTLE_CEILING_OPS = MetricSpec(
+    "volprobe_throttle_ceiling_ops_per_second",
+    "gauge",
+    "Operations per second of the plateau, while one is detected.",
+    ("device", "dir"),
+)
+THROTTLE_CEILING_BYTES = MetricSpec(
+    "volprobe_throttle_ceiling_bytes_per_second",
+    "gauge",
+    "Bytes per second of the plateau, while one is detected.",
+    ("device", "dir"),
+)
+THROTTLE_SECONDS = MetricSpec(
+    "volprobe_throttle_seconds",
+    "counter",
+    "Seconds spent on a plateau, per limit and direction.",
+    ("device", "limit", "dir"),
+)
+THROTTLE_CHECKS = MetricSpec(
+    "volprobe_throttle_checks",
+    "counter",
+    "Active checks (a burst of reads) of plateaus the probes could not judge, by verdict: capped, uncapped, "
+    "inconclusive.",
+    ("device", "result"),
+)
+THROTTLE_UNLOADED = MetricSpec(
+    "volprobe_throttle_unloaded_latency_seconds",
+    "gauge",
+    "The disk's unloaded service time the detector compares the await with: the probes' lowest, or remembered.",
+    ("device", "dir"),
+)
+PROBE_SHARE = MetricSpec(
+    "volprobe_probe_share_ratio",
+    "gauge",
+    "Share of the disk's completed I/Os over the detector window that were probes.",
+    DEVICE,
+)
+
+# -- state ----------------------------------------------------------------------------------------------------
+
+STATE_STATUS = MetricSpec(
+    "volprobe_state_status",
+    "gauge",
+    "1 for the current status of a volume's remembered state: ok, new (nothing saved yet), corrupt or foreign "
+    "(found at start and set aside), unwritable (kept in memory only).",
+    ("device", "identity", "status"),
+)
+STATE_AGE = MetricSpec(
+    "volprobe_state_age_seconds",
+    "gauge",
+    "Seconds since volprobe first remembered the volume (by its identity: volume id, WWN, serial, or name+size).",
+    ("device", "identity"),
+)
+
+# -- warm-up --------------------------------------------------------------------------------------------------
+
+WARMUP_SIZE = MetricSpec(
+    "volprobe_warmup_size_bytes", "gauge", "Bytes a warm-up moves: the device size (twice in write mode).", TARGET
+)
+WARMUP_DONE = MetricSpec("volprobe_warmup_done_bytes", "gauge", "Bytes a warm-up has moved.", TARGET)
+WARMUP_PROGRESS = MetricSpec("volprobe_warmup_progress_ratio", "gauge", "Warm-up progress, 0 to 1.", TARGET)
+WARMUP_ETA = MetricSpec(
+    "volprobe_warmup_eta_seconds", "gauge", "Seconds to the end of the warm-up at its recent rate.", TARGET
+)
+WARMUP_STATE = MetricSpec("volprobe_warmup_state", "gauge", "1 for the warm-up's current state.", (*TARGET, "state"))
+
+
+# -- diskstats: named as node_exporter's node_disk_* ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DiskMetric:
+    field: str  # of diskstats.DiskStats
+    scale: float  # to base units
+    spec: MetricSpec
+
+
+def _disk(field: str, suffix: str, kind: str, help_text: str, scale: float = 1) -> DiskMetric:
+    return DiskMetric(field, scale, MetricSpec(f"volprobe_disk_{suffix}", kind, help_text, DEVICE))
+
+
+_MS = 1e-3
+DISK_READS = _disk("reads_completed", "reads_completed", "counter", "Reads completed successfully.")
+DISK_READS_MERGED = _disk("reads_merged", "reads_merged", "counter", "Reads merged with an adjacent queued read.")
+DISK_READ_BYTES = _disk("sectors_read", "read_bytes", "counter", "Bytes read.", diskstats.SECTOR_BYTES)
+DISK_READ_TIME = _disk("read_time_ms", "read_time_seconds", "counter", "Seconds spent by all reads.", _MS)
+DISK_WRITES = _disk("writes_completed", "writes_completed", "counter", "Writes completed successfully.")
+DISK_WRITES_MERGED = _disk("writes_merged", "writes_merged", "counter", "Writes merged with an adjacent queued write.")
+DISK_WRITTEN_BYTES = _disk("sectors_written", "written_bytes", "counter", "Bytes written.", diskstats.SECTOR_BYTES)
+DISK_WRITE_TIME = _disk("write_time_ms", "write_time_seconds", "counter", "Seconds spent by all writes.", _MS)
+DISK_IO_NOW = _disk(
+    "io_in_progress", "io_now", "gauge", "Requests in flight (issued to the driver, not yet completed)."
+)
+DISK_IO_TIME = _disk("io_time_ms", "io_time_seconds", "counter", "Seconds with at least one request in flight.", _MS)
+DISK_IO_TIME_WEIGHTED = _disk(
+    "weighted_io_time_ms",
+    "io_time_weighted_seconds",
+    "counter",
+    "Request-seconds in flight (queue depth x time).",
+    _MS,
+)
+DISK_DISCARDS = _disk("discards_completed", "discards_completed", "counter", "Discards completed successfully.")
+DISK_DISCARDS_MERGED = _disk("discards_merged", "discards_merged", "counter", "Discards merged.")
+DISK_DISCARDED_SECTORS = _disk("sectors_discarded", "discarded_sectors", "counter", "Sectors discarded.")
+DISK_DISCARD_TIME = _disk("discard_time_ms", "discard_time_seconds", "counter", "Seconds spent by all discards.", _MS)
+DISK_FLUSHES = _disk("flushes_completed", "flush_requests", "counter", "Flush requests completed successfully.")
+DISK_FLUSH_TIME = _disk(
+    "flush_time_ms", "flush_requests_time_seconds", "counter", "Seconds spent by all flush requests.", _MS
+)
+
+DISK_METRICS: tuple[DiskMetric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, DiskMetric))
+ALL: tuple[MetricSpec, ...] = (
+    *(v for v in list(globals().values()) if isinstance(v, MetricSpec)),
+    *(d.spec for d in DISK_METRICS),
+)
+
+
+def series_names() -> set[str]:
+    """Every sample name volprobe can expose (process_* and python_info come from prometheus_client)."""
+    return {name for spec in ALL for name in spec.series_names()}

@@ -1,0 +1,139 @@
+"""The running exporter, composed of small parts with one job each:
+
+- probes.ProbeSet: the targets being probed and one worker per probe;
+- warmups.WarmupManager: the targets' warm-ups;
+- throttle.ThrottleWatch: the throttle detector, fed by the probes, and the probes' back-off;
+- follow.DeviceFollower: devices that come and go under `discovery:`;
+- reload.plan: what a new configuration keeps, stops and starts.
+
+Scrapes read this state and never wait on a device: workers publish counters and snapshots under short
+locks, and a worker stuck in the kernel only ages its in-flight gauge. Exporter.reload() applies a new
+configuration (SIGHUP): targets whose configuration and device are unchanged keep their workers,
+histograms, counters and warm-ups; a configuration that does not resolve is rejected and the old one kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from .. import targets as targets_mod
+from ..config import Config, ConfigError
+from ..discovery import Host
+from ..state import StateStore
+from ..targets import ResolvedTarget
+from . import reload as reload_plan
+from .follow import DeviceFollower
+from .probes import STOP_TIMEOUT_S, ProbeSet, RunningProbe
+from .throttle import ThrottleWatch
+from .warmups import WarmupManager, state_directory
+
+__all__ = ["Exporter", "RunningProbe"]
+
+log = logging.getLogger(__name__)
+
+
+class Exporter:
+    """Owns the probes of one configuration. start() raises ConfigError before anything is written."""
+
+    def __init__(self, config: Config, host: Host) -> None:
+        self.config = config
+        self.host = host
+        self.probes = ProbeSet(host)
+        self.state = StateStore(state_directory(config.state_directory))
+        self.warmups = WarmupManager(self.state)
+        self.throttle = ThrottleWatch(self.probes, host, lambda: self.state)
+        self._lock = threading.Lock()  # reloads and discovery rescans, one at a time
+        self.follower = DeviceFollower(host, self.probes, self._lock, self._start_targets, self._stop_targets)
+        self.last_reload_successful = True
+        self.last_reload_success_time = time.time()
+
+    def start(self) -> None:
+        resolved = targets_mod.resolve(self.config, self.host)
+        for warning in targets_mod.prepare(self.host, resolved, strict=not self.config.builtin):
+            log.warning("%s; will retry (run as root or in group disk, and expose the device to containers)", warning)
+        with self._lock:
+            self._start_targets(resolved)
+            self.throttle.apply(self.config.throttle)
+            self.follower.apply(self.config)
+
+    def _start_targets(self, resolved: list[ResolvedTarget]) -> None:
+        self.probes.add(resolved, self.config.window, self.config.buckets, self.state)
+        self.warmups.start(resolved)
+
+    def _stop_targets(self, gone: list[ResolvedTarget], timeout: float = STOP_TIMEOUT_S, why: str = "") -> None:
+        self.warmups.stop(gone)
+        self.probes.remove(gone, timeout, why)
+
+    def reload(self, config: Config) -> None:
+        """Apply a new configuration; ConfigError (and nothing changed) if it does not resolve."""
+        try:
+            self._reload(config)
+        except ConfigError:
+            self.note_reload(False)
+            raise
+        self.note_reload(True)
+
+    def note_reload(self, ok: bool) -> None:
+        """The outcome of the last reload, exported as volprobe_config_last_reload_*; a file that does not parse
+        fails before reload() is reached."""
+        self.last_reload_successful = ok
+        if ok:
+            self.last_reload_success_time = time.time()
+
+    def _reload(self, config: Config) -> None:
+        with self._lock:
+            resolved = targets_mod.resolve(config, self.host)  # every check, as at start-up
+            old = self.config
+            restart_all = ""
+            if (config.window, config.buckets) != (old.window, old.buckets):
+                restart_all = "defaults.window or defaults.buckets changed: every histogram starts again"
+            running = [t for t in self.probes.targets() if not t.discovered]
+            plan = reload_plan.plan(running, resolved, restart_all)
+            # Re-key the kept targets: their place in the new file names their errors from now on.
+            for current, reloaded in plan.keep:
+                current.config = reloaded.config
+            # Free what the stopped targets hold (an O_EXCL raw device, say) before opening the new ones.
+            for target in plan.stop:
+                self._stop_targets([target], why=plan.why[target.name])
+            try:
+                targets_mod.prepare(self.host, plan.start, strict=not config.builtin)
+            except ConfigError:
+                # The old targets are gone already; bring them back as they were configured.
+                targets_mod.prepare(self.host, plan.stop, strict=False)
+                self._start_targets(plan.stop)
+                raise
+            self.config = config
+            directory = state_directory(config.state_directory)
+            if directory != self.state.directory:
+                # Running probes and warm-ups keep the store they started with; new ones use the new directory.
+                self.state = self.warmups.store = StateStore(directory)
+            self._start_targets(plan.start)
+            if restart_all:
+                discovered = [t for t in self.probes.targets() if t.discovered]
+                if discovered:
+                    self._stop_targets(discovered, 1.0, restart_all)
+            self.throttle.apply(config.throttle)
+            self.follower.apply(config)
+        restarted = sum(1 for t in plan.stop if t.name in {s.name for s in plan.start})
+        log.info(
+            "configuration reloaded: %d kept, %d added, %d removed, %d restarted",
+            len(plan.keep),
+            len(plan.start) - restarted,
+            len(plan.stop) - restarted,
+            restarted,
+        )
+        if self.config.discovery is not None:
+            self.follower.rescan()  # apply discovery changes now, not at the next rescan
+
+    def probed_devices(self) -> set[str]:
+        """Devices whose diskstats are exported: each probed device and the whole disks beneath it."""
+        return self.probes.devices()
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[str]:
+        """Stop every worker; return the names of those still stuck in the kernel after `timeout`."""
+        self.follower.stop()
+        self.throttle.stop()
+        self.warmups.stop_all()
+        return self.probes.stop(timeout)

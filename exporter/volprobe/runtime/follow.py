@@ -1,0 +1,192 @@
+"""Following devices (`discovery:`): probe matching devices as they appear, stop as they go.
+
+A periodic sysfs rescan does the work (udev events, where udevd runs, only wake it early). A discovered
+device whose probes are unchanged keeps running across rescans and reloads; one whose effective probes
+changed restarts, and the log says which key changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+
+from .. import targets as targets_mod
+from ..config import Config, ConfigError, DiscoveryConfig, TargetConfig
+from ..discovery import SKIP_BY_DEFAULT, Host
+from ..targets import ResolvedTarget
+from .probes import ProbeSet
+from .reload import changes, fingerprint
+
+log = logging.getLogger(__name__)
+
+
+def candidates(host: Host, discovery: DiscoveryConfig) -> dict[str, str]:
+    """Kernel name -> device node of every device the discovery rules select now (patterns match whole names)."""
+    chosen = {}
+    for name, device in host.devices().items():
+        if device.size_bytes == 0:
+            continue  # an empty loop or a removed medium: nothing to probe
+        if discovery.include:
+            if not any(re.fullmatch(pattern, name) for pattern in discovery.include):
+                continue
+        elif device.kind != "disk" or name.startswith(SKIP_BY_DEFAULT):
+            continue
+        if any(re.fullmatch(pattern, name) for pattern in discovery.exclude):
+            continue
+        chosen[name] = device.devnode
+    return chosen
+
+
+def pattern_matches(host: Host, discovery: DiscoveryConfig) -> list[tuple[str, str, list[str]]]:
+    """(key, pattern, kernel names it matches now) for each include and exclude pattern."""
+    names = sorted(name for name, device in host.devices().items() if device.size_bytes)
+    return [
+        (f"discovery.{section}[{i}]", pattern, [n for n in names if re.fullmatch(pattern, n)])
+        for section, patterns in (("include", discovery.include), ("exclude", discovery.exclude))
+        for i, pattern in enumerate(patterns)
+    ]
+
+
+def warn_unmatched(host: Host, discovery: DiscoveryConfig) -> None:
+    for key, pattern, matched in pattern_matches(host, discovery):
+        if key.startswith("discovery.include") and not matched:
+            log.warning(
+                "%s %r matches no device now (patterns match whole kernel names: 'loop\\d+', not '^loop')",
+                key,
+                pattern,
+            )
+
+
+def discovered_target(name: str, devnode: str, discovery: DiscoveryConfig) -> TargetConfig:
+    key = f"discovery[{name}]"
+    probes = tuple(replace(p, key=f"{key}.probes[{i}]") for i, p in enumerate(discovery.probes))
+    return TargetConfig(key=key, name=name, device=devnode, probes=probes)
+
+
+class DeviceFollower:
+    def __init__(
+        self,
+        host: Host,
+        probes: ProbeSet,
+        lock: threading.Lock,
+        start: Callable[[list[ResolvedTarget]], None],
+        stop: Callable[[list[ResolvedTarget], float, str], None],
+    ) -> None:
+        self.host = host
+        self.probes = probes
+        self.lock = lock  # the exporter's: rescans and reloads one at a time
+        self._start_targets = start
+        self._stop_targets = stop
+        self.config: Config | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def apply(self, config: Config) -> None:
+        """Follow with a new configuration (called with the lock held). The next rescan keeps every discovered
+        device whose probes are unchanged; without `discovery:` every discovered device stops."""
+        self.config = config
+        if config.discovery is None:
+            self.stop()
+            gone = [t for t in self.probes.targets() if t.discovered]
+            if gone:
+                self._stop_targets(gone, 1.0, "discovery is no longer configured")
+            return
+        warn_unmatched(self.host, config.discovery)
+        if self._thread is None:
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self._follow, name="device follower", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+
+    def _follow(self) -> None:
+        events = udev_events()
+        while not self._stopping.is_set():
+            try:
+                self.rescan()
+            except Exception:  # one bad scan (a device vanishing mid-read) must not end following
+                log.exception("device rescan failed")
+            discovery = self.config.discovery if self.config else None
+            interval = discovery.rescan_interval if discovery else DiscoveryConfig.rescan_interval
+            if events is not None:
+                events.wait(interval)  # a udev event wakes the rescan early
+                events.clear()
+            else:
+                self._stopping.wait(interval)
+
+    def rescan(self) -> None:
+        """Start probing devices that appeared and match; stop those that went or whose probes changed."""
+        with self.lock:
+            config = self.config
+            if config is None or config.discovery is None:
+                return
+            discovery = config.discovery
+            found = candidates(self.host, discovery)
+            running = self.probes.targets()
+            configured = {t.device.name for t in running if not t.discovered}
+            kept: set[str] = set()
+            for target in (t for t in running if t.discovered):
+                name = target.device.name
+                why = self._why_stop(target, found, configured, discovery)
+                if why:
+                    self._stop_targets([target], 1.0, why)
+                else:
+                    kept.add(name)
+            for name, devnode in sorted(found.items()):
+                if name in configured or name in kept:
+                    continue
+                try:
+                    resolved = targets_mod.resolve(config, self.host, [discovered_target(name, devnode, discovery)])
+                    targets_mod.prepare(self.host, resolved, strict=False)
+                except ConfigError as err:
+                    log.warning("not probing discovered %s: %s", name, "; ".join(err.problems))
+                    continue
+                for target in resolved:
+                    target.discovered = True
+                log.info("discovered %s (%s)", name, devnode)
+                self._start_targets(resolved)
+
+    def _why_stop(
+        self, target: ResolvedTarget, found: dict[str, str], configured: set[str], discovery: DiscoveryConfig
+    ) -> str:
+        name = target.device.name
+        if name not in found:
+            return "no longer present or selected by discovery"
+        if name in configured:
+            return "now a configured target"
+        now = self.host.device(name)
+        old = target.device
+        if now is None or (now.major, now.minor, now.size_bytes) != (old.major, old.minor, old.size_bytes):
+            return "the device was replaced"
+        wanted = discovered_target(name, found[name], discovery)
+        if fingerprint(target.config) != fingerprint(wanted):
+            return "; ".join(changes(target.config, wanted)) or "its probes changed"
+        return ""
+
+
+def udev_events() -> threading.Event | None:
+    """An Event set on every block-device udev event, where udevd runs; None elsewhere (rescans do the work)."""
+    if not os.path.isdir("/run/udev"):
+        return None
+    try:
+        import pyudev
+
+        context = pyudev.Context()
+        monitor = pyudev.Monitor.from_netlink(context)
+        monitor.filter_by("block")
+        event = threading.Event()
+        observer = pyudev.MonitorObserver(monitor, callback=lambda _device: event.set(), name="udev monitor")
+        observer.daemon = True
+        observer.start()
+        return event
+    except Exception as err:  # no netlink in this container, or libudev missing
+        log.info("udev monitor unavailable (%s); following devices by rescanning sysfs", err)
+        return None

@@ -1,0 +1,141 @@
+"""The targets being probed and their workers: scrapes read this set, reloads and discovery change it."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+from .. import targets as targets_mod
+from ..config import ProbeConfig
+from ..discovery import Host
+from ..probe import IOTarget, ProbeWorker
+from ..state import ProbeCursor, StateStore
+from ..stats import ProbeStats
+from ..targets import ResolvedTarget
+
+log = logging.getLogger(__name__)
+STOP_TIMEOUT_S = 5.0
+
+
+@dataclass
+class RunningProbe:
+    target: ResolvedTarget
+    spec: ProbeConfig
+    stats: ProbeStats
+    worker: ProbeWorker
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"target": self.target.name, "device": self.target.device.name, "op": self.spec.op}
+
+
+class ProbeSet:
+    """Owns one worker per probe of each target. Reads take a short lock and return copies."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self._targets: list[ResolvedTarget] = []
+        self._running: list[RunningProbe] = []
+        self._lock = threading.Lock()
+
+    def targets(self) -> list[ResolvedTarget]:
+        with self._lock:
+            return list(self._targets)
+
+    def running(self) -> list[RunningProbe]:
+        with self._lock:
+            return list(self._running)
+
+    def on_disk(self, disk: str) -> list[RunningProbe]:
+        """The probes whose I/O lands on a whole disk (directly or through a partition, dm or md device)."""
+        return [p for p in self.running() if disk in p.target.disks]
+
+    def devices(self) -> set[str]:
+        """Each probed device and the whole disks beneath it."""
+        names: set[str] = set()
+        for target in self.targets():
+            names.add(target.device.name)
+            names.update(target.disks)
+        return names
+
+    def add(
+        self, resolved: list[ResolvedTarget], window: float, buckets: tuple[float, ...], store: StateStore
+    ) -> list[RunningProbe]:
+        """Start a worker for every probe of the (prepared) targets; their fresh offsets carry on from the
+        volume's state in `store`."""
+        new = []
+        for target in resolved:
+            for spec in target.probes:
+                stats = ProbeStats(window, buckets)
+                io = targets_mod.io_target(self.host, target, spec)
+                cursor = _cursor(store, target, spec, io)
+                worker = ProbeWorker(spec, io, stats, name=target.name, fd=target.fds.pop(spec.op, None), cursor=cursor)
+                new.append(RunningProbe(target, spec, stats, worker))
+        with self._lock:
+            self._targets.extend(resolved)
+            self._running.extend(new)
+        for running in new:
+            running.worker.start()
+            spec = running.spec
+            log.info(
+                "probing %s (%s, %s) with %s %dB every %gs",
+                running.target.name,
+                running.target.path,
+                running.target.device.name,
+                spec.op,
+                spec.block_size,
+                spec.interval,
+            )
+        return new
+
+    def remove(self, gone: list[ResolvedTarget], timeout: float = STOP_TIMEOUT_S, why: str = "") -> None:
+        """Stop the targets' workers and drop them, so their series go with the next scrape."""
+        ids = {id(t) for t in gone}
+        with self._lock:
+            stopping = [p for p in self._running if id(p.target) in ids]
+            self._running = [p for p in self._running if id(p.target) not in ids]
+            self._targets = [t for t in self._targets if id(t) not in ids]
+        stuck = _stop(stopping, timeout)
+        for name in stuck:
+            log.warning("probe %s is still blocked in the kernel; it exits when its request returns", name)
+        for target in gone:
+            log.info("stopped probing %s (%s)%s", target.name, target.path, f": {why}" if why else "")
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[str]:
+        """Stop every worker; return the names of those still stuck in the kernel after `timeout`."""
+        return _stop(self.running(), timeout)
+
+
+def _cursor(store: StateStore, target: ResolvedTarget, spec: ProbeConfig, io: IOTarget) -> ProbeCursor | None:
+    """The probe's place in the volume's permutation of blocks. A probe file is known by its inode too: a new
+    file has new blocks, none of them touched."""
+    if store.directory is None:
+        return None
+    where = "device"
+    if target.probe_file and io.path == target.probe_file:
+        try:
+            where = f"file:{os.stat(io.path).st_ino}"
+        except OSError:
+            return None
+    name = f"{spec.op}:{where}:{spec.block_size}:{io.region_start}-{io.region_end}"
+    # Reserve about ten minutes of fresh offsets at a time (one small write per ten minutes per probe), but no
+    # more than 1/64 of the blocks: a kill -9 skips at most that.
+    nblocks = (io.region_end - io.region_start) // spec.block_size
+    reserve = min(max(16, int(600 / spec.interval)), max(1, nblocks // 64))
+    return ProbeCursor(store.volume(target.device), name, random.getrandbits(64), reserve)
+
+
+def _stop(probes: list[RunningProbe], timeout: float) -> list[str]:
+    for running in probes:
+        running.worker.stop()
+    stuck = []
+    deadline = time.monotonic() + timeout
+    for running in probes:
+        if not running.worker.join(max(0.0, deadline - time.monotonic())):
+            stuck.append(f"{running.target.name} {running.spec.op}")
+        running.worker.close()
+    return stuck

@@ -1,0 +1,72 @@
+"""What a reload changes: which targets keep running, which stop, which start, and why. Pure: no I/O.
+
+A target is kept when its configuration (less its place in the file) and its device are unchanged; a kept
+target keeps its workers, histograms, counters and warm-up. Otherwise it restarts, and the log names the keys
+that changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..config import TargetConfig
+from ..targets import ResolvedTarget
+
+
+def fingerprint(target: TargetConfig) -> TargetConfig:
+    """A target's configuration without where it sits in the file: what decides "unchanged" on reload."""
+    return replace(target, key="", probes=tuple(replace(p, key="") for p in target.probes))
+
+
+def _identity(target: ResolvedTarget) -> tuple:
+    d = target.device
+    return fingerprint(target.config), target.name, d.major, d.minor, d.size_bytes
+
+
+def changes(old: Any, new: Any, where: str = "") -> list[str]:
+    """The keys whose values differ between two configurations, as `key: old -> new` (keys ignored)."""
+    if dataclasses.is_dataclass(old) and type(old) is type(new):
+        found = []
+        for f in dataclasses.fields(old):
+            if f.name != "key":
+                found += changes(getattr(old, f.name), getattr(new, f.name), f"{where}.{f.name}".lstrip("."))
+        return found
+    if isinstance(old, tuple) and isinstance(new, tuple) and len(old) == len(new):
+        return [c for i, (a, b) in enumerate(zip(old, new, strict=True)) for c in changes(a, b, f"{where}[{i}]")]
+    return [] if old == new else [f"{where or 'value'}: {old!r} -> {new!r}"]
+
+
+@dataclass
+class Plan:
+    keep: list[tuple[ResolvedTarget, ResolvedTarget]] = field(default_factory=list)  # (running, as reloaded)
+    start: list[ResolvedTarget] = field(default_factory=list)
+    stop: list[ResolvedTarget] = field(default_factory=list)
+    why: dict[str, str] = field(default_factory=dict)  # target name -> why it stops or restarts
+
+
+def plan(running: list[ResolvedTarget], wanted: list[ResolvedTarget], restart_all: str = "") -> Plan:
+    """Match the running targets against the reloaded ones. `restart_all` names a change that affects every
+    probe (the histogram buckets, the window), in which case nothing is kept."""
+    result = Plan()
+    by_identity = {_identity(t): t for t in running}
+    for target in wanted:
+        current = None if restart_all else by_identity.pop(_identity(target), None)
+        if current is not None:
+            result.keep.append((current, target))
+        else:
+            result.start.append(target)
+    result.stop = list(by_identity.values()) if not restart_all else list(running)
+    started = {t.name: t for t in result.start}
+    for target in result.stop:
+        new = started.get(target.name)
+        if restart_all:
+            result.why[target.name] = restart_all
+        elif new is None:
+            result.why[target.name] = "removed from the configuration"
+        else:
+            d, n = target.device, new.device
+            moved = [] if (d.major, d.minor, d.size_bytes) == (n.major, n.minor, n.size_bytes) else ["device replaced"]
+            result.why[target.name] = "; ".join(changes(target.config, new.config) + moved) or "changed"
+    return result

@@ -1,0 +1,168 @@
+"""Wires the throttle detector to the probes: which disks it watches, their unloaded service time (from the
+probes, and remembered in each volume's state across restarts), their configured limits, active checks of
+plateaus the probes cannot judge, and the probes' back-off while their disk is throttled."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from .. import burst
+from ..config import ThrottleConfig
+from ..detectors import DIRECTIONS, CheckRequest, ThrottleDetector
+from ..discovery import BlockDevice, Host
+from ..state import StateStore, VolumeState
+from .probes import ProbeSet
+
+log = logging.getLogger(__name__)
+
+REMEMBER_S = 7 * 86400  # a remembered unloaded latency older than this is not used
+SAVE_EVERY_S = 60.0  # a lower unloaded latency is written at most this often per disk
+
+
+class ThrottleWatch:
+    def __init__(self, probes: ProbeSet, host: Host, state: Callable[[], StateStore]) -> None:
+        self.probes = probes
+        self.host = host
+        self.state = state
+        self.config = ThrottleConfig(enabled=False)
+        self.detector: ThrottleDetector | None = None
+        self._lock = threading.Lock()
+        self._devices: dict[str, BlockDevice] = {}
+        self._remembered: dict[tuple[str, str], float] = {}  # (disk, direction) -> seconds
+        self._saved_at: dict[str, float] = {}
+        self._burst_requests: dict[str, int] = {}
+        self._stop = threading.Event()
+
+    def apply(self, config: ThrottleConfig) -> None:
+        """Start the detector, or restart it if its settings changed."""
+        if config == self.config and (self.detector is not None) == config.enabled:
+            return
+        self.stop()
+        self.config = config
+        if not config.enabled:
+            return
+        self._stop.clear()
+        self.detector = ThrottleDetector(
+            devices=self.devices,
+            unloaded_latency=self.unloaded_latency,
+            limits=self.limits,
+            on_change=self.changed,
+            probe_completions=self.probe_completions,
+            proc_root=self.host.proc,
+            sample_interval=config.sample_interval,
+            window=config.window,
+            request_check=self.check,
+        )
+        self.detector.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.detector is not None:
+            self.detector.stop()
+            self.detector = None
+        for running in self.probes.running():
+            running.worker.set_slowdown(1.0)
+
+    def devices(self) -> set[str]:
+        return {disk for target in self.probes.targets() for disk in target.disks}
+
+    # -- the unloaded service time ------------------------------------------------------------------------------
+
+    def _volume(self, disk: str) -> VolumeState | None:
+        device = self._devices.get(disk)
+        if device is None:
+            device = self.host.device(disk)
+            if device is None:
+                return None
+            self._devices[disk] = device
+        store = self.state()
+        return store.volume(device) if store.directory else None
+
+    def _load(self, disk: str) -> None:
+        """Read the disk's remembered unloaded latencies once."""
+        volume = self._volume(disk)
+        saved = volume.get("unloaded") if volume else None
+        for direction in DIRECTIONS:
+            entry = saved.get(direction) if isinstance(saved, dict) else None
+            if not (isinstance(entry, dict) and isinstance(entry.get("seconds"), float)):
+                continue
+            if isinstance(entry.get("at"), int) and time.time() - entry["at"] < REMEMBER_S:
+                self._remembered[(disk, direction)] = entry["seconds"]
+        self._saved_at.setdefault(disk, 0.0)
+
+    def unloaded_latency(self, disk: str, direction: str) -> float | None:
+        """The lowest latency the probes of this direction (any direction for "total") have seen, or remembered
+        from earlier runs (so a restart under load knows the disk's unloaded time)."""
+        probes = self.probes.on_disk(disk)
+        chosen = [p for p in probes if p.spec.op == direction] or probes
+        floors = [f for f in (p.stats.floor() for p in chosen) if f is not None]
+        measured = min(floors) if floors else None
+        with self._lock:
+            if disk not in self._saved_at:
+                self._load(disk)
+            remembered = self._remembered.get((disk, direction))
+            if measured is not None and (remembered is None or measured < remembered):
+                self._remembered[(disk, direction)] = measured
+                if time.monotonic() - self._saved_at[disk] >= SAVE_EVERY_S:
+                    self._save(disk)
+        known = [v for v in (measured, remembered) if v is not None]
+        return min(known) if known else None
+
+    def _save(self, disk: str) -> None:
+        volume = self._volume(disk)
+        self._saved_at[disk] = time.monotonic()
+        if volume is None:
+            return
+        now = int(time.time())
+        entries = {d: {"seconds": v, "at": now} for (name, d), v in self._remembered.items() if name == disk}
+        volume.put("unloaded", entries)
+
+    # -- limits, completions, back-off ---------------------------------------------------------------------------
+
+    def limits(self, disk: str) -> tuple[float | None, float | None]:
+        for target in self.probes.targets():
+            limits = target.config.limits
+            if disk in target.disks and (limits.iops or limits.bandwidth):
+                return limits.iops, limits.bandwidth
+        return None, None
+
+    def probe_completions(self, disk: str) -> int:
+        """volprobe's own I/O on the disk: its probes' and its active checks'."""
+        return sum(p.worker.completed for p in self.probes.on_disk(disk)) + self._burst_requests.get(disk, 0)
+
+    def changed(self, disk: str, throttled: bool) -> None:
+        """Probes back off while their disk is throttled, so volprobe never adds to the throttling it reports."""
+        factor = self.config.backoff if throttled else 1.0
+        for running in self.probes.on_disk(disk):
+            running.worker.set_slowdown(factor)
+
+    # -- active checks -----------------------------------------------------------------------------------------
+
+    def check(self, request: CheckRequest) -> None:
+        """Run a burst of reads on the disk in its own thread (it blocks on I/O) and report the verdict."""
+        threading.Thread(target=self._check, args=(request,), name=f"check {request.disk}", daemon=True).start()
+
+    def _check(self, request: CheckRequest) -> None:
+        detector = self.detector
+        device = self._devices.get(request.disk) or self.host.device(request.disk)
+        if detector is None or device is None:
+            return
+        size = burst.request_size(request.bytes_per_s / max(request.ops_per_s, 1e-9))
+        size = max(size, device.logical_block_size)
+        result = burst.run(device.devnode, device.size_bytes, size, request.disk, self.host.proc, self._stop)
+        self._burst_requests[request.disk] = self._burst_requests.get(request.disk, 0) + result.requests
+        verdict = burst.verdict(request.ops_per_s, request.bytes_per_s, result)
+        log.info(
+            "%s: burst of %d reads: the disk went from %.0f to %.0f ops/s, %.1f to %.1f MiB/s: %s",
+            request.disk,
+            result.requests,
+            request.ops_per_s,
+            result.ops_per_s,
+            request.bytes_per_s / 2**20,
+            result.bytes_per_s / 2**20,
+            verdict,
+        )
+        detector.record_check(request.disk, verdict)

@@ -1,0 +1,279 @@
+"""What volprobe remembers about a volume across restarts, one JSON file per volume in the state directory.
+
+A volume is known by its most stable identity: the cloud volume id, else the WWN, else the serial. A device
+with none of these (loop, zram, some virtual disks) is keyed on its kernel name and size, and its state says
+so: kernel names move between boots, so such a state may be a different volume's after a reboot.
+
+The file holds, in sections:
+- `probes`: per probe specification, the key of the offset permutation and how far into it fresh offsets
+  have been reserved, so "first touch" means first on this volume, not first since the process started;
+- `unloaded`: per direction, the lowest unloaded service time the probes measured, with when, for the
+  throttle detector;
+- `warmup`: the warm-up checkpoint.
+
+Every write replaces the file atomically (temporary file, fsync, rename, fsync of the directory). A file that
+is corrupt, or that belongs to another volume, is set aside (renamed `*.corrupt-TIME`, never overwritten) and
+the volume starts afresh. When the directory cannot be written the store says so (`status`), and its users
+carry on in memory as if there were no state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .discovery import BlockDevice
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+STATUSES = ("ok", "new", "corrupt", "foreign", "unwritable")  # see VolumeState.status
+
+
+@dataclass(frozen=True)
+class VolumeIdentity:
+    key: str
+    source: str  # volume_id, wwn, serial, or name+size
+    size: int
+
+    @classmethod
+    def of(cls, device: BlockDevice) -> VolumeIdentity:
+        for source in ("volume_id", "wwn", "serial"):
+            value = getattr(device, source)
+            if value:
+                return cls(f"{source}:{value}", source, device.size_bytes)
+        return cls(f"name:{device.name}:{device.size_bytes}", "name+size", device.size_bytes)
+
+    @property
+    def stable(self) -> bool:
+        return self.source != "name+size"
+
+    def file_name(self) -> str:
+        return "volume-" + re.sub(r"[^A-Za-z0-9_.-]", "_", self.key) + ".json"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "source": self.source, "size": self.size}
+
+
+class VolumeState:
+    """One volume's state file. Thread-safe: probes, warm-ups and the detector share it."""
+
+    def __init__(self, directory: str | None, identity: VolumeIdentity, device: str = "") -> None:
+        self.identity = identity
+        self.device = device  # the kernel name it was last seen under
+        self.path = os.path.join(directory, identity.file_name()) if directory else None
+        self._lock = threading.Lock()
+        self._sections: dict[str, Any] = {}
+        self.created = time.time()
+        self.found = "new"  # what start-up found: new, ok, or corrupt / foreign (set aside), until a restart
+        self.writable = directory is not None
+        self.problem = "no writable state directory" if directory is None else ""
+        if self.path:
+            self._load()
+
+    @property
+    def status(self) -> str:
+        """unwritable while writes fail; else what start-up found (corrupt and foreign stay until a restart)."""
+        return self.found if self.writable else "unwritable"
+
+    def _load(self) -> None:
+        assert self.path is not None
+        try:
+            with open(self.path) as f:
+                document = json.load(f)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as err:
+            self._set_aside("corrupt", f"unreadable or corrupt ({err})")
+            return
+        if not isinstance(document, dict) or document.get("version") != VERSION:
+            self._set_aside("corrupt", "not a volprobe volume state")
+            return
+        if document.get("identity") != self.identity.to_json():
+            self._set_aside("foreign", f"belongs to {document.get('identity')}, not {self.identity.to_json()}")
+            return
+        sections = document.get("sections")
+        created = document.get("created")
+        if not isinstance(sections, dict) or not isinstance(created, int | float):
+            self._set_aside("corrupt", "has no sections")
+            return
+        self._sections, self.created, self.found = sections, float(created), "ok"
+
+    def _set_aside(self, status: str, why: str) -> None:
+        """Keep the bad file for a human to look at, and start afresh."""
+        assert self.path is not None
+        aside = f"{self.path}.{status}-{int(time.time())}"
+        try:
+            os.replace(self.path, aside)
+            where = f"moved to {aside}"
+        except OSError as err:
+            where = f"could not be moved aside ({err.strerror}); it will be replaced"
+        self.found, self.problem = status, why
+        log.warning("state of %s: %s %s; %s; starting afresh", self.identity.key, self.path, why, where)
+
+    @property
+    def age_seconds(self) -> float:
+        return max(0.0, time.time() - self.created)
+
+    def get(self, section: str) -> Any:
+        with self._lock:
+            return json.loads(json.dumps(self._sections.get(section)))  # a copy the caller may keep
+
+    def put(self, section: str, value: Any) -> bool:
+        """Set a section and write the file; False (and status "unwritable") when it cannot be written."""
+        with self._lock:
+            self._sections[section] = value
+            if self.path is None:
+                return False
+            document = {
+                "version": VERSION,
+                "identity": self.identity.to_json(),
+                "created": int(self.created),
+                "saved": int(time.time()),
+                "sections": self._sections,
+            }
+            try:
+                write_atomically(self.path, json.dumps(document, sort_keys=True))
+            except OSError as err:
+                if self.writable:
+                    log.warning("state of %s: cannot write %s: %s", self.identity.key, self.path, err)
+                self.writable, self.problem = False, str(err)
+                return False
+            if not self.writable:
+                log.info("state of %s: %s can be written again", self.identity.key, self.path)
+            self.writable = True
+            if self.found == "new":
+                self.found = "ok"
+            return True
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Replace `path` with `text`: a crash leaves the old file or the new one, never half of one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".volprobe-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class StateStore:
+    """The volume states of one state directory, one object per volume, shared by everything in the process."""
+
+    def __init__(self, directory: str | None) -> None:
+        self.directory = directory
+        self._volumes: dict[str, VolumeState] = {}
+        self._lock = threading.Lock()
+
+    def volume(self, device: BlockDevice) -> VolumeState:
+        identity = VolumeIdentity.of(device)
+        with self._lock:
+            state = self._volumes.get(identity.key)
+            if state is None:
+                state = self._volumes[identity.key] = VolumeState(self.directory, identity, device.name)
+                if not identity.stable:
+                    log.info(
+                        "%s has no volume id, WWN or serial: its state is keyed on its name and size (%s)",
+                        device.name,
+                        identity.key,
+                    )
+            state.device = device.name
+            return state
+
+    def volumes(self) -> dict[str, VolumeState]:
+        with self._lock:
+            return dict(self._volumes)
+
+
+# -- the probes' fresh offsets --------------------------------------------------------------------------------
+
+
+class ProbeCursor:
+    """The permutation key and fresh-offset position of one probe on one volume.
+
+    Fresh offsets are reserved RESERVE at a time, written before any of them is used (as a database sequence
+    cache): a kill -9 skips the unused rest of a reservation but never hands out a touched block as fresh
+    again. A clean stop records the exact position."""
+
+    def __init__(self, volume: VolumeState, name: str, key: int, reserve: int) -> None:
+        self.volume = volume
+        self.name = name  # the probe specification this cursor belongs to
+        self.reserve_ahead = max(1, reserve)
+        entries = volume.get("probes") or {}
+        entry = entries.get(name) if isinstance(entries, dict) else None
+        if isinstance(entry, dict) and isinstance(entry.get("key"), int) and isinstance(entry.get("next"), int):
+            self.key, self.start, self.resumed = entry["key"], max(0, entry["next"]), True
+        else:
+            self.key, self.start, self.resumed = key, 0, False
+        self.reserved = self.start
+
+    def _write(self, position: int) -> bool:
+        entries = self.volume.get("probes") or {}
+        if not isinstance(entries, dict):
+            entries = {}
+        entries[self.name] = {"key": self.key, "next": position}
+        return self.volume.put("probes", entries)
+
+    def reserve(self, needed: int) -> bool:
+        """Make positions below `needed` usable; False if the reservation could not be written."""
+        if needed <= self.reserved:
+            return True
+        upto = needed + self.reserve_ahead
+        if not self._write(upto):
+            return False
+        self.reserved = upto
+        return True
+
+    def release(self, used: int) -> None:
+        """On a clean stop: the next start resumes exactly after the last fresh offset used."""
+        if self.start <= used <= self.reserved:
+            self._write(used)
+
+
+# -- sections as checkpoints ------------------------------------------------------------------------------------
+
+
+class SectionCheckpoint:
+    """A section of a volume's state used as a warm-up checkpoint (volprobe.warmup.Checkpoint). With `earlier`,
+    a checkpoint kept elsewhere by an earlier version is read while the section is empty, and set aside
+    (renamed *.migrated) once the section holds the progress."""
+
+    def __init__(self, volume: VolumeState, section: str, earlier: Any = None) -> None:
+        self.volume = volume
+        self.section = section
+        self.earlier = earlier
+        self.where = f"{volume.path or '(no state directory)'} [{section}]"
+
+    def read(self) -> object | None:
+        value = self.volume.get(self.section)
+        if value is None and self.earlier is not None:
+            return self.earlier.read()
+        return value
+
+    def write(self, document: dict) -> None:
+        if not self.volume.put(self.section, document):
+            raise OSError(self.volume.problem or "the volume state cannot be written")
+        earlier, self.earlier = self.earlier, None
+        path = getattr(earlier, "path", None)
+        if path and os.path.exists(path):
+            with contextlib.suppress(OSError):
+                os.replace(path, path + ".migrated")
