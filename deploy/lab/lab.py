@@ -36,6 +36,7 @@ PLUGIN = Path(__file__).resolve().parent / "volume_plugin.py"
 CALIBRATION_LATENCY = 0.001
 MIB = 1024 * 1024
 TRACE_UNIT = 64 * 1024  # the granularity of Volume.read_coverage()
+CONNECTIONS = 16  # nbdfuse -> nbdkit
 
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": MIB, "mib": MIB, "g": 1024**3, "gib": 1024**3}
@@ -275,6 +276,10 @@ def up(
             "nbdfuse",
             "-P",
             str(volume.dir / "nbdfuse.pid"),
+            # One connection per request in flight, up to 16: with nbdfuse's default of 4, an uncapped volume
+            # stops scaling at about 4 parallel requests, which looks like a cap to anything watching it.
+            "--connections",
+            str(CONNECTIONS),
             str(volume.backing),
             "--unix",
             str(volume.dir / "nbd.sock"),

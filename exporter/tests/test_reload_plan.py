@@ -69,3 +69,19 @@ def test_changes_walks_nested_configuration():
     new = replace(old, key="other", limits=config.Limits(iops=200), warmup=config.WarmupConfig())
     assert reload.changes(old, new) == ["limits.iops: 100 -> 200", f"warmup: None -> {config.WarmupConfig()!r}"]
     assert reload.changes(old, replace(old, key="moved")) == []
+
+
+def test_limits_warmup_and_probe_order_change_without_restarting_probes():
+    probes = [{"op": "write"}, {"op": "read", "interval": "2s"}]
+    before = {"name": "a", "device": "/dev/loop7", "allow_raw_writes": True, "probes": probes}
+    after = {**before, "probes": probes[::-1], "limits": {"iops": 3000}, "warmup": {"rate": "50MiB"}}
+    plan = reload.plan(resolved({"targets": [before]}), resolved({"targets": [after]}))
+    assert len(plan.keep) == 1 and not plan.start and not plan.stop
+    assert plan.keep[0][1].config.limits.iops == 3000  # what the kept target takes on
+
+
+def test_another_volume_behind_the_same_numbers_restarts_the_target():
+    target = {"name": "a", "device": "/dev/loop7"}
+    reattached = replace(DISK, serial="other-volume")  # same major, minor and size; another volume
+    plan = reload.plan(resolved({"targets": [target]}), resolved({"targets": [target]}, reattached))
+    assert plan.why["a"] == "device replaced"

@@ -35,7 +35,7 @@ def test_fresh_offsets_resume_after_a_clean_stop_and_skip_a_reservation_after_a_
     first_run = [picker.next()[0] for _ in range(25)]
     picker.close()  # a clean stop: 25 used, whatever was reserved or picked ahead
     saved = json.loads((tmp_path / state.VolumeIdentity.of(LOOP).file_name()).read_text())
-    assert saved["sections"]["probes"]["read:device:4096:0-1"] == {"key": 7, "next": 25}
+    assert saved["sections"]["probes"]["read:device:4096:0-1"] == {"key": 7, "next": 25, "used": 25, "gaps": []}
 
     crashed = state.ProbeCursor(state.StateStore(str(tmp_path)).volume(LOOP), "read:device:4096:0-1", 99, 10)
     assert (crashed.key, crashed.start, crashed.resumed) == (7, 25, True)  # the saved key, not the new one
@@ -45,6 +45,13 @@ def test_fresh_offsets_resume_after_a_clean_stop_and_skip_a_reservation_after_a_
     # No close(): a kill -9. The next start skips the rest of the reservation, never reuses a handed-out one.
     after_crash = state.ProbeCursor(state.StateStore(str(tmp_path)).volume(LOOP), "read:device:4096:0-1", 5, 10)
     assert after_crash.start >= 25 + 32  # a whole batch of 32 was picked, so reserved, ahead
+    # Revisits skip the run reserved but (mostly) never used before the crash.
+    [(gap_start, gap_end)] = after_crash.gaps
+    assert 25 <= gap_start < gap_end == after_crash.start
+    picker = OffsetPicker(1000, revisit=1.0, rng=random.Random(3), cursor=after_crash)
+    never_used = {picker.permutation(i) for i in range(gap_start, gap_end)}
+    revisits = [picker.next() for _ in range(500)]
+    assert {touch for _, touch in revisits} == {"repeat"} and not {b for b, _ in revisits} & never_used
 
 
 def test_a_corrupt_or_foreign_state_is_set_aside_not_overwritten(tmp_path):
@@ -62,13 +69,33 @@ def test_a_corrupt_or_foreign_state_is_set_aside_not_overwritten(tmp_path):
     assert list(tmp_path.glob(path.name + ".foreign-*"))
 
 
-def test_an_unwritable_state_directory_falls_back_to_a_key_of_the_run(tmp_path):
+def test_an_unwritable_state_directory_keeps_the_run_going_with_the_same_key(tmp_path):
     missing = str(tmp_path / "gone")  # cannot be written: as a read-only or full filesystem
     cursor = state.ProbeCursor(state.StateStore(missing).volume(LOOP), "read", key=7, reserve=10)
     picker = OffsetPicker(1000, revisit=0.0, rng=random.Random(1), cursor=cursor)
     picked = [picker.next()[0] for _ in range(50)]
-    assert picker.cursor is None and cursor.volume.status == "unwritable"
-    assert len(set(picked)) == 50  # fresh offsets still never repeat within the run
+    assert cursor.volume.status == "unwritable" and cursor.reserved == 0
+    # The same permutation, position after position: no block of this run is handed out as fresh twice.
+    assert picked == [picker.permutation(i) for i in range(50)] and len(set(picked)) == 50
+
+
+def test_partitions_of_one_disk_have_states_of_their_own():
+    disk = EBS
+    part = BlockDevice(
+        "nvme1n1p2",
+        259,
+        2,
+        "part",
+        "/dev/nvme1n1p2",
+        MIB,
+        512,
+        512,
+        parent="nvme1n1",
+        serial="vol0abc",
+        volume_id="vol-0abc",
+    )
+    assert state.VolumeIdentity.of(part).key == "volume_id:vol-0abc:part2"
+    assert state.VolumeIdentity.of(part).key != state.VolumeIdentity.of(disk).key
 
 
 # -- end to end, on lab volumes that trace every request ------------------------------------------------------
@@ -159,7 +186,7 @@ def test_a_corrupt_then_unwritable_state_directory_leaves_the_exporter_serving(t
         count = first_count(samples, "a")
         time.sleep(1)
         assert first_count(exporter.metrics(), "a") > count, "probing goes on"
-        assert "first touch counts from now" in exporter.log()
+        assert "fresh offsets cannot be reserved in the state directory" in exporter.log()
         assert exporter.stop() == 0
     finally:
         run("umount", str(state_dir))

@@ -32,6 +32,23 @@ def fio_load(device: str, *options: str, runtime: float) -> subprocess.Popen:
     )
 
 
+def run_bursts(device: str, stop: threading.Event, seed: int, depths=(4, 16, 32), rw: str = "randrw") -> None:
+    """Bursts of 0.5 to 2.5 s of parallel I/O, 0.5 to 3 s apart, until `stop`: a load that touches a cap
+    for a few seconds at a time, never long enough to be a plateau."""
+    rng = random.Random(seed)
+    while not stop.is_set():
+        burst = fio_load(
+            device,
+            "--ioengine=libaio",
+            f"--iodepth={rng.choice(depths)}",
+            f"--rw={rw}",
+            "--bs=4k",
+            runtime=rng.uniform(0.5, 2.5),
+        )
+        burst.wait()
+        stop.wait(rng.uniform(0.5, 3))
+
+
 def probes_ready(samples, names: list[str], count: int = 12) -> bool:
     done = {
         labels["target"]: v
@@ -136,22 +153,7 @@ def test_idle_bursty_and_latency_bound_qd1_are_not_flagged(tmp_path, lab_volume,
         runtime=70,
     )
     stop = threading.Event()
-
-    def bursts() -> None:
-        rng = random.Random(7)
-        while not stop.is_set():
-            burst = fio_load(
-                volumes["bursty"].device,
-                "--ioengine=libaio",
-                f"--iodepth={rng.choice([4, 16, 32])}",
-                "--rw=randrw",
-                "--bs=4k",
-                runtime=rng.uniform(0.5, 2.5),
-            )
-            burst.wait()
-            stop.wait(rng.uniform(0.5, 3))
-
-    burster = threading.Thread(target=bursts)
+    burster = threading.Thread(target=run_bursts, args=(volumes["bursty"].device, stop, 7))
     burster.start()
     try:
         deadline = time.monotonic() + 65

@@ -84,11 +84,12 @@ def run(
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(duration_s + 30)
+        thread.join(max(0.0, end + 5 - time.monotonic()))
     elapsed = time.monotonic() - started
     after = diskstats.read(proc_root).get(disk)
-    if before is None or after is None or elapsed <= 0:
-        return Burst(0.0, 0.0, sum(counts), sum(errors) + 1)
+    stuck = sum(1 for thread in threads if thread.is_alive())  # a stalled disk: its rate says nothing
+    if before is None or after is None or elapsed <= 0 or stuck:
+        return Burst(0.0, 0.0, sum(counts), sum(errors) + stuck + 1)
     ops = (after.reads_completed + after.writes_completed) - (before.reads_completed + before.writes_completed)
     moved = (after.bytes_read + after.bytes_written) - (before.bytes_read + before.bytes_written)
     return Burst(ops / elapsed, moved / elapsed, sum(counts), sum(errors))

@@ -184,10 +184,18 @@ def reload_config(args: argparse.Namespace, exporter: Exporter) -> None:
         return
     log.info("SIGHUP: reloading %s", args.config)
     try:
-        exporter.reload(load(args.config))
+        config = load(args.config)
     except ConfigError as err:
         exporter.note_reload(False)
         log.error("configuration %s rejected, keeping the running one: %s", args.config, " | ".join(err.problems))
+        return
+    try:
+        exporter.reload(config)  # records its own outcome
+    except ConfigError as err:
+        log.error("configuration %s rejected, keeping the running one: %s", args.config, " | ".join(err.problems))
+    except Exception:  # a bug must not end the exporter: it keeps serving what it had
+        exporter.note_reload(False)
+        log.exception("reloading %s failed; the running configuration is kept", args.config)
 
 
 # -- check-config ------------------------------------------------------------------------------------

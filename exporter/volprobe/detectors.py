@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import diskstats
@@ -50,8 +50,9 @@ AWAIT_FACTOR = 1.5
 LARGE_REQUEST = 32 * 1024
 HIGH_QUANTILE = 0.9
 CHECK_TTL_S = 300.0  # an active check's verdict holds this long while the plateau stays at its level
-CHECK_RETRY_S = 30.0  # an inconclusive check is repeated after this
+CHECK_RETRY_S = 60.0  # an inconclusive check is repeated after this
 CHECK_LEVEL = 0.10  # "the same plateau": its ceiling within 10% of the one checked
+CHECK_MIN_INTERVAL_S = 60.0  # at most one active check per disk this often
 
 
 @dataclass(frozen=True)
@@ -246,11 +247,14 @@ class Check:
 
 @dataclass(frozen=True)
 class CheckRequest:
-    """What the detector asks of an active check: the disk's total level before it, and the request size."""
+    """What the detector asks of an active check: the disk's total level before it (its bytes per op give the
+    request size), and where to report the verdict (this detector, not one started since)."""
 
     disk: str
     ops_per_s: float
     bytes_per_s: float
+    report: Callable[[str, str], None]
+    stop: threading.Event
 
 
 class ThrottleDetector:
@@ -287,7 +291,7 @@ class ThrottleDetector:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stop.set()  # also ends an active check under way
         if self._thread is not None:
             self._thread.join(5)
 
@@ -386,12 +390,13 @@ class ThrottleDetector:
             state.plateaus[direction] = plateau
             key = (plateau.limit, direction)
             state.throttled_seconds[key] = state.throttled_seconds.get(key, 0.0) + elapsed
-        if unsure and state.checking is None and self.request_check is not None:
+        spaced = state.check is None or now - state.check.at >= CHECK_MIN_INTERVAL_S
+        if unsure and spaced and state.checking is None and self.request_check is not None:
             recent = seconds[-5:]
             ops = statistics.median(s.ops["total"] for s in recent)
             rate = statistics.median(s.bytes["total"] for s in recent)
             state.checking = unsure
-            checks.append(CheckRequest(name, ops, rate))
+            checks.append(CheckRequest(name, ops, rate, self.record_check, self._stop))
             log.info(
                 "%s: a flat plateau at %.0f ops/s with requests queueing, but no sign yet that they wait longer than "
                 "on the unloaded disk (a cap) rather than meet steady demand: checking with a burst of reads",
@@ -410,6 +415,11 @@ class ThrottleDetector:
             log.info("%s is no longer throttled", name)
         return True
 
+    def is_throttled(self, disk: str) -> bool:
+        with self._lock:
+            state = self._states.get(disk)
+            return bool(state and state.plateaus)
+
     def record_check(self, disk: str, verdict: str) -> None:
         """The outcome of a requested active check; the next sample judges with it."""
         with self._lock:
@@ -424,17 +434,16 @@ class ThrottleDetector:
         """Copies of the per-device verdicts and counters, for scrapes."""
         with self._lock:
             return {
-                name: DeviceState(
-                    deque(),
-                    None,
-                    0.0,
-                    dict(s.plateaus),
-                    dict(s.throttled_seconds),
-                    deque(s.completed_window),
-                    s.check,
-                    dict(s.checking) if s.checking else None,
-                    dict(s.checks),
-                    dict(s.unloaded),
+                name: replace(
+                    s,
+                    window=deque(),
+                    last=None,
+                    plateaus=dict(s.plateaus),
+                    throttled_seconds=dict(s.throttled_seconds),
+                    completed_window=deque(s.completed_window),
+                    checking=dict(s.checking) if s.checking else None,
+                    checks=dict(s.checks),
+                    unloaded=dict(s.unloaded),
                 )
                 for name, s in self._states.items()
             }

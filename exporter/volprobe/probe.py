@@ -80,8 +80,9 @@ class OffsetPicker:
 
     With a cursor (volprobe.state.ProbeCursor), the permutation's key and the position of the next fresh
     offset come from the volume's state, and each fresh offset is reserved there before it is used: "first"
-    then means never probed on this volume, across restarts. If a reservation cannot be written, the picker
-    carries on with a key of its own for the rest of the run, as it does without state.
+    then means never probed on this volume, across restarts. Revisits skip the cursor's gaps (offsets reserved
+    but mostly never used before a crash). If a reservation cannot be written, the picker carries on with the
+    same key and position and retries the write at the next fresh offset.
     """
 
     BATCH = 32
@@ -97,17 +98,33 @@ class OffsetPicker:
             key = cursor.key
         self.permutation = BlockPermutation(nblocks, rng.getrandbits(64) if key is None else key)
         self.fresh_used = min(nblocks, cursor.start) if cursor is not None else 0
+        self.gaps = _merged([(a, min(b, self.fresh_used)) for a, b in (cursor.gaps if cursor else []) if a < b])
+        self._gap_total = sum(b - a for a, b in self.gaps)
         self._queue: list[tuple[int, str]] = []
+        self._unsaved = False
+
+    def _revisit(self) -> int:
+        """A position handed out before, uniformly, outside the gaps."""
+        k = self.rng.randrange(self.fresh_used - self._gap_total)
+        for start, end in self.gaps:
+            if k < start:
+                break
+            k += end - start
+        return k
 
     def _pick(self) -> tuple[int, str]:
-        if self.fresh_used and (self.fresh_used >= self.nblocks or self.rng.random() < self.revisit):
-            return self.permutation(self.rng.randrange(self.fresh_used)), "repeat"
+        revisitable = self.fresh_used > self._gap_total
+        if revisitable and (self.fresh_used >= self.nblocks or self.rng.random() < self.revisit):
+            return self.permutation(self._revisit()), "repeat"
+        if self.fresh_used >= self.nblocks:  # every block was handed out, but only before a crash
+            return self.permutation(self.rng.randrange(self.nblocks)), "repeat"
         if self.cursor is not None and not self.cursor.reserve(self.fresh_used + 1):
-            log.warning("fresh offsets cannot be reserved in the state directory; first touch counts from now")
-            self.cursor = None
-            self.permutation = BlockPermutation(self.nblocks, self.rng.getrandbits(64))
-            self.fresh_used = 0
-            self._queue.clear()
+            if not self._unsaved:
+                log.warning(
+                    "fresh offsets cannot be reserved in the state directory: first touch holds for this run, but "
+                    "after a restart blocks touched from now on may count as first again"
+                )
+            self._unsaved = True
         block = self.permutation(self.fresh_used)
         self.fresh_used += 1
         return block, "first"
@@ -126,11 +143,22 @@ class OffsetPicker:
         return self._queue.pop()
 
 
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(r for r in ranges if r[0] < r[1]):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
 class Cursor(Protocol):
     """Where fresh offsets are remembered (volprobe.state.ProbeCursor)."""
 
     key: int
     start: int
+    gaps: list[tuple[int, int]]
 
     def reserve(self, needed: int) -> bool: ...
 
@@ -419,6 +447,7 @@ class ProbeWorker:
             self._loop()
         finally:
             self.probe.picker.close()
+            self.probe.close()  # a worker that outlived its stop still releases its descriptor (and O_EXCL)
 
     def _loop(self) -> None:
         clock = time.perf_counter_ns

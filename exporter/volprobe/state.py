@@ -27,6 +27,7 @@ import re
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,10 +47,15 @@ class VolumeIdentity:
 
     @classmethod
     def of(cls, device: BlockDevice) -> VolumeIdentity:
+        # A partition inherits its disk's serial, WWN and volume id: its number keeps it apart from the disk
+        # and from its sibling partitions.
+        part = ""
+        if device.parent and device.name.startswith(device.parent):
+            part = ":part" + device.name[len(device.parent) :].lstrip("p")
         for source in ("volume_id", "wwn", "serial"):
             value = getattr(device, source)
             if value:
-                return cls(f"{source}:{value}", source, device.size_bytes)
+                return cls(f"{source}:{value}{part}", source, device.size_bytes)
         return cls(f"name:{device.name}:{device.size_bytes}", "name+size", device.size_bytes)
 
     @property
@@ -129,8 +135,13 @@ class VolumeState:
 
     def put(self, section: str, value: Any) -> bool:
         """Set a section and write the file; False (and status "unwritable") when it cannot be written."""
+        return self.update(section, lambda _old: value)
+
+    def update(self, section: str, change: Callable[[Any], Any]) -> bool:
+        """Replace a section by `change(current value)` and write the file, all under the volume's lock (the
+        probes of one volume share its file)."""
         with self._lock:
-            self._sections[section] = value
+            self._sections[section] = change(json.loads(json.dumps(self._sections.get(section))))
             if self.path is None:
                 return False
             document = {
@@ -176,6 +187,21 @@ def write_atomically(path: str, text: str) -> None:
         os.close(dir_fd)
 
 
+def state_directory(configured: str | None) -> str | None:
+    """Where state goes: the configured directory if it exists (writable or not: a read-only one still
+    resumes what it holds, and the volumes' status says it cannot be written); else systemd's
+    $STATE_DIRECTORY or /var/lib/volprobe if writable; else none."""
+    if configured:
+        if os.path.isdir(configured):
+            return configured
+        log.warning("state_directory %s does not exist: nothing is remembered across restarts", configured)
+        return None
+    for candidate in (os.environ.get("STATE_DIRECTORY", "").split(":")[0], "/var/lib/volprobe"):
+        if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK):
+            return candidate
+    return None
+
+
 class StateStore:
     """The volume states of one state directory, one object per volume, shared by everything in the process."""
 
@@ -188,16 +214,19 @@ class StateStore:
         identity = VolumeIdentity.of(device)
         with self._lock:
             state = self._volumes.get(identity.key)
-            if state is None:
-                state = self._volumes[identity.key] = VolumeState(self.directory, identity, device.name)
-                if not identity.stable:
-                    log.info(
-                        "%s has no volume id, WWN or serial: its state is keyed on its name and size (%s)",
-                        device.name,
-                        identity.key,
-                    )
-            state.device = device.name
-            return state
+        if state is None:
+            # Read the file outside the store's lock: scrapes take it, and the state directory may be slow.
+            loaded = VolumeState(self.directory, identity, device.name)
+            with self._lock:
+                state = self._volumes.setdefault(identity.key, loaded)
+            if state is loaded and not identity.stable:
+                log.info(
+                    "%s has no volume id, WWN or serial: its state is keyed on its name and size (%s)",
+                    device.name,
+                    identity.key,
+                )
+        state.device = device.name
+        return state
 
     def volumes(self) -> dict[str, VolumeState]:
         with self._lock:
@@ -210,35 +239,59 @@ class StateStore:
 class ProbeCursor:
     """The permutation key and fresh-offset position of one probe on one volume.
 
-    Fresh offsets are reserved RESERVE at a time, written before any of them is used (as a database sequence
-    cache): a kill -9 skips the unused rest of a reservation but never hands out a touched block as fresh
-    again. A clean stop records the exact position."""
+    Fresh offsets are reserved ahead, `reserve_ahead` at a time, and the reservation is written before any of
+    them is handed out (as a database sequence cache): a kill -9 skips the unused rest of a reservation but
+    never hands out a touched block as fresh again. Each write also records how far offsets were handed out
+    (`used`); after a crash, the skipped run [used, next) is a gap that revisits ("repeat" probes) avoid, since
+    most of it was never touched. A clean stop records the exact position, leaving no gap.
+    """
+
+    MAX_GAPS = 32
 
     def __init__(self, volume: VolumeState, name: str, key: int, reserve: int) -> None:
         self.volume = volume
         self.name = name  # the probe specification this cursor belongs to
         self.reserve_ahead = max(1, reserve)
-        entries = volume.get("probes") or {}
+        entries = volume.get("probes")
         entry = entries.get(name) if isinstance(entries, dict) else None
+        self.gaps: list[tuple[int, int]] = []
         if isinstance(entry, dict) and isinstance(entry.get("key"), int) and isinstance(entry.get("next"), int):
             self.key, self.start, self.resumed = entry["key"], max(0, entry["next"]), True
+            gaps = entry.get("gaps", [])
+            if isinstance(gaps, list):
+                self.gaps = [(a, b) for a, b in (g for g in gaps if _pair(g)) if 0 <= a < b <= self.start]
+            used = entry.get("used")
+            if isinstance(used, int) and used < self.start:  # the last run ended without a clean stop
+                self.gaps = [*self.gaps, (max(0, used), self.start)][-self.MAX_GAPS :]
         else:
             self.key, self.start, self.resumed = key, 0, False
         self.reserved = self.start
 
-    def _write(self, position: int) -> bool:
-        entries = self.volume.get("probes") or {}
-        if not isinstance(entries, dict):
-            entries = {}
-        entries[self.name] = {"key": self.key, "next": position}
-        return self.volume.put("probes", entries)
+    def _write(self, next_position: int, used: int) -> bool:
+        def change(entries: Any) -> Any:
+            entries = entries if isinstance(entries, dict) else {}
+            saved = entries.get(self.name)
+            position = next_position
+            # Never below what another cursor of the same name reserved (a worker that outlived its stop, or a
+            # configured and a discovered target on one device): only our own reservation may be given back.
+            if isinstance(saved, dict) and isinstance(saved.get("next"), int) and saved["next"] > self.reserved:
+                position = max(position, saved["next"])
+            entries[self.name] = {
+                "key": self.key,
+                "next": position,
+                "used": min(used, position),
+                "gaps": [list(g) for g in self.gaps],
+            }
+            return entries
+
+        return self.volume.update("probes", change)
 
     def reserve(self, needed: int) -> bool:
         """Make positions below `needed` usable; False if the reservation could not be written."""
         if needed <= self.reserved:
             return True
         upto = needed + self.reserve_ahead
-        if not self._write(upto):
+        if not self._write(upto, needed - 1):
             return False
         self.reserved = upto
         return True
@@ -246,7 +299,11 @@ class ProbeCursor:
     def release(self, used: int) -> None:
         """On a clean stop: the next start resumes exactly after the last fresh offset used."""
         if self.start <= used <= self.reserved:
-            self._write(used)
+            self._write(used, used)
+
+
+def _pair(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value)
 
 
 # -- sections as checkpoints ------------------------------------------------------------------------------------

@@ -21,13 +21,13 @@ import time
 from .. import targets as targets_mod
 from ..config import Config, ConfigError
 from ..discovery import Host
-from ..state import StateStore
+from ..state import StateStore, state_directory
 from ..targets import ResolvedTarget
 from . import reload as reload_plan
 from .follow import DeviceFollower
 from .probes import STOP_TIMEOUT_S, ProbeSet, RunningProbe
 from .throttle import ThrottleWatch
-from .warmups import WarmupManager, state_directory
+from .warmups import WarmupManager
 
 __all__ = ["Exporter", "RunningProbe"]
 
@@ -59,7 +59,8 @@ class Exporter:
             self.follower.apply(self.config)
 
     def _start_targets(self, resolved: list[ResolvedTarget]) -> None:
-        self.probes.add(resolved, self.config.window, self.config.buckets, self.state)
+        new = self.probes.add(resolved, self.config.window, self.config.buckets, self.state)
+        self.throttle.back_off_new(new)
         self.warmups.start(resolved)
 
     def _stop_targets(self, gone: list[ResolvedTarget], timeout: float = STOP_TIMEOUT_S, why: str = "") -> None:
@@ -91,9 +92,13 @@ class Exporter:
                 restart_all = "defaults.window or defaults.buckets changed: every histogram starts again"
             running = [t for t in self.probes.targets() if not t.discovered]
             plan = reload_plan.plan(running, resolved, restart_all)
-            # Re-key the kept targets: their place in the new file names their errors from now on.
+            # Re-key the kept targets: their place in the new file names their errors from now on. Their
+            # limits apply at once; a changed warm-up restarts alone, from its checkpoint.
+            rewarm = [current for current, reloaded in plan.keep if current.config.warmup != reloaded.config.warmup]
+            self.warmups.stop(rewarm)
             for current, reloaded in plan.keep:
                 current.config = reloaded.config
+                self.probes.rekey(current)
             # Free what the stopped targets hold (an O_EXCL raw device, say) before opening the new ones.
             for target in plan.stop:
                 self._stop_targets([target], why=plan.why[target.name])
@@ -105,11 +110,17 @@ class Exporter:
                 self._start_targets(plan.stop)
                 raise
             self.config = config
+            # A configured target now claims a device discovery was probing: the discovered one stops first.
+            claimed = {t.device.name for t in plan.start}
+            taken = [t for t in self.probes.targets() if t.discovered and t.device.name in claimed]
+            if taken:
+                self._stop_targets(taken, why="now a configured target")
             directory = state_directory(config.state_directory)
             if directory != self.state.directory:
                 # Running probes and warm-ups keep the store they started with; new ones use the new directory.
                 self.state = self.warmups.store = StateStore(directory)
             self._start_targets(plan.start)
+            self.warmups.start(rewarm)
             if restart_all:
                 discovered = [t for t in self.probes.targets() if t.discovered]
                 if discovered:

@@ -19,9 +19,12 @@ from ..config import Config, ConfigError, DiscoveryConfig, TargetConfig
 from ..discovery import SKIP_BY_DEFAULT, Host
 from ..targets import ResolvedTarget
 from .probes import ProbeSet
-from .reload import changes, fingerprint
+from .reload import changes, device_identity, fingerprint
 
 log = logging.getLogger(__name__)
+# Rescans hold the exporter's lock: a worker of a vanished device gets this long to end (a probe sleeps at most
+# a second before its request), then finishes on its own.
+DISCOVERED_STOP_TIMEOUT_S = 2.0
 
 
 def candidates(host: Host, discovery: DiscoveryConfig) -> dict[str, str]:
@@ -83,50 +86,61 @@ class DeviceFollower:
         self._stop_targets = stop
         self.config: Config | None = None
         self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self._stopping = threading.Event()  # of the current thread; each thread gets its own
+        self._events: threading.Event | None = None  # set on udev events, where udevd runs
+        self._udev_tried = False
 
     def apply(self, config: Config) -> None:
         """Follow with a new configuration (called with the lock held). The next rescan keeps every discovered
         device whose probes are unchanged; without `discovery:` every discovered device stops."""
         self.config = config
         if config.discovery is None:
-            self.stop()
+            self._signal_stop()
             gone = [t for t in self.probes.targets() if t.discovered]
             if gone:
-                self._stop_targets(gone, 1.0, "discovery is no longer configured")
+                self._stop_targets(gone, DISCOVERED_STOP_TIMEOUT_S, "discovery is no longer configured")
             return
         warn_unmatched(self.host, config.discovery)
         if self._thread is None:
-            self._stopping.clear()
-            self._thread = threading.Thread(target=self._follow, name="device follower", daemon=True)
+            if not self._udev_tried:
+                self._udev_tried, self._events = True, udev_events()
+            self._stopping = stopping = threading.Event()
+            self._thread = threading.Thread(target=self._follow, args=(stopping,), name="device follower", daemon=True)
             self._thread.start()
 
-    def stop(self) -> None:
+    def _signal_stop(self) -> threading.Thread | None:
+        """Tell the thread to end, without waiting: it may be waiting for the lock our caller holds."""
+        thread, self._thread = self._thread, None
         self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
+        if self._events is not None:
+            self._events.set()  # wakes a thread waiting for udev events
+        return thread
 
-    def _follow(self) -> None:
-        events = udev_events()
-        while not self._stopping.is_set():
+    def stop(self) -> None:
+        """End following and wait for the thread (called without the lock)."""
+        thread = self._signal_stop()
+        if thread is not None:
+            thread.join(10)
+
+    def _follow(self, stopping: threading.Event) -> None:
+        while not stopping.is_set():
             try:
-                self.rescan()
+                self.rescan(stopping)
             except Exception:  # one bad scan (a device vanishing mid-read) must not end following
                 log.exception("device rescan failed")
             discovery = self.config.discovery if self.config else None
             interval = discovery.rescan_interval if discovery else DiscoveryConfig.rescan_interval
-            if events is not None:
-                events.wait(interval)  # a udev event wakes the rescan early
-                events.clear()
+            if self._events is not None:
+                self._events.wait(interval)  # a udev event wakes the rescan early
+                self._events.clear()
             else:
-                self._stopping.wait(interval)
+                stopping.wait(interval)
 
-    def rescan(self) -> None:
+    def rescan(self, stopping: threading.Event | None = None) -> None:
         """Start probing devices that appeared and match; stop those that went or whose probes changed."""
         with self.lock:
             config = self.config
-            if config is None or config.discovery is None:
+            if config is None or config.discovery is None or (stopping is not None and stopping.is_set()):
                 return
             discovery = config.discovery
             found = candidates(self.host, discovery)
@@ -137,7 +151,7 @@ class DeviceFollower:
                 name = target.device.name
                 why = self._why_stop(target, found, configured, discovery)
                 if why:
-                    self._stop_targets([target], 1.0, why)
+                    self._stop_targets([target], DISCOVERED_STOP_TIMEOUT_S, why)
                 else:
                     kept.add(name)
             for name, devnode in sorted(found.items()):
@@ -163,8 +177,7 @@ class DeviceFollower:
         if name in configured:
             return "now a configured target"
         now = self.host.device(name)
-        old = target.device
-        if now is None or (now.major, now.minor, now.size_bytes) != (old.major, old.minor, old.size_bytes):
+        if now is None or device_identity(now) != device_identity(target.device):
             return "the device was replaced"
         wanted = discovered_target(name, found[name], discovery)
         if fingerprint(target.config) != fingerprint(wanted):

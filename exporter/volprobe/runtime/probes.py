@@ -92,6 +92,14 @@ class ProbeSet:
             )
         return new
 
+    def rekey(self, target: ResolvedTarget) -> None:
+        """After a reload kept the target: its probes take their new keys (their place in the new file)."""
+        by_op = {spec.op: spec for spec in target.probes}
+        with self._lock:
+            for running in self._running:
+                if running.target is target and running.spec.op in by_op:
+                    running.spec = by_op[running.spec.op]
+
     def remove(self, gone: list[ResolvedTarget], timeout: float = STOP_TIMEOUT_S, why: str = "") -> None:
         """Stop the targets' workers and drop them, so their series go with the next scrape."""
         ids = {id(t) for t in gone}

@@ -1,8 +1,8 @@
 """What a reload changes: which targets keep running, which stop, which start, and why. Pure: no I/O.
 
-A target is kept when its configuration (less its place in the file) and its device are unchanged; a kept
-target keeps its workers, histograms, counters and warm-up. Otherwise it restarts, and the log names the keys
-that changed.
+A target is kept when its probes' configuration and its device are unchanged; a kept target keeps its
+workers, histograms, counters and warm-up (its limits and warm-up settings may change without a restart).
+Otherwise it restarts, and the log names the keys that changed.
 """
 
 from __future__ import annotations
@@ -11,18 +11,26 @@ import dataclasses
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..config import TargetConfig
+from ..config import Limits, TargetConfig
+from ..discovery import BlockDevice
+from ..state import VolumeIdentity
 from ..targets import ResolvedTarget
 
 
 def fingerprint(target: TargetConfig) -> TargetConfig:
-    """A target's configuration without where it sits in the file: what decides "unchanged" on reload."""
-    return replace(target, key="", probes=tuple(replace(p, key="") for p in target.probes))
+    """What decides whether a target's probes restart on reload: its configuration without where it sits in
+    the file, the order of its probes, its limits or its warm-up (those two change without a restart)."""
+    probes = tuple(sorted((replace(p, key="") for p in target.probes), key=lambda p: p.op))
+    return replace(target, key="", probes=probes, limits=Limits(), warmup=None)
+
+
+def device_identity(device: BlockDevice) -> tuple:
+    """The same device: same numbers, size and volume (a re-attached volume may get the old numbers)."""
+    return device.major, device.minor, device.size_bytes, VolumeIdentity.of(device).key
 
 
 def _identity(target: ResolvedTarget) -> tuple:
-    d = target.device
-    return fingerprint(target.config), target.name, d.major, d.minor, d.size_bytes
+    return fingerprint(target.config), target.name, device_identity(target.device)
 
 
 def changes(old: Any, new: Any, where: str = "") -> list[str]:
@@ -66,7 +74,7 @@ def plan(running: list[ResolvedTarget], wanted: list[ResolvedTarget], restart_al
         elif new is None:
             result.why[target.name] = "removed from the configuration"
         else:
-            d, n = target.device, new.device
-            moved = [] if (d.major, d.minor, d.size_bytes) == (n.major, n.minor, n.size_bytes) else ["device replaced"]
-            result.why[target.name] = "; ".join(changes(target.config, new.config) + moved) or "changed"
+            moved = [] if device_identity(target.device) == device_identity(new.device) else ["device replaced"]
+            changed = changes(fingerprint(target.config), fingerprint(new.config))
+            result.why[target.name] = "; ".join(changed + moved) or "changed"
     return result

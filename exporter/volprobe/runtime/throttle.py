@@ -13,8 +13,8 @@ from .. import burst
 from ..config import ThrottleConfig
 from ..detectors import DIRECTIONS, CheckRequest, ThrottleDetector
 from ..discovery import BlockDevice, Host
-from ..state import StateStore, VolumeState
-from .probes import ProbeSet
+from ..state import StateStore, VolumeIdentity, VolumeState
+from .probes import ProbeSet, RunningProbe
 
 log = logging.getLogger(__name__)
 
@@ -23,18 +23,21 @@ SAVE_EVERY_S = 60.0  # a lower unloaded latency is written at most this often pe
 
 
 class ThrottleWatch:
-    def __init__(self, probes: ProbeSet, host: Host, state: Callable[[], StateStore]) -> None:
+    """The throttle detector of the current configuration, and what it needs from the rest of the exporter."""
+
+    DEVICE_TTL_S = 60.0  # how long a disk's sysfs identity is trusted before it is read again
+
+    def __init__(self, probes: ProbeSet, host: Host, store: Callable[[], StateStore]) -> None:
         self.probes = probes
         self.host = host
-        self.state = state
+        self.store = store  # the exporter's current state store (a reload may replace it)
         self.config = ThrottleConfig(enabled=False)
         self.detector: ThrottleDetector | None = None
         self._lock = threading.Lock()
-        self._devices: dict[str, BlockDevice] = {}
-        self._remembered: dict[tuple[str, str], float] = {}  # (disk, direction) -> seconds
+        self._devices: dict[str, tuple[BlockDevice, float]] = {}  # disk -> (its identity, when read)
+        self._remembered: dict[tuple[str, str], tuple[float, int]] = {}  # (disk, direction) -> (seconds, unix time)
         self._saved_at: dict[str, float] = {}
         self._burst_requests: dict[str, int] = {}
-        self._stop = threading.Event()
 
     def apply(self, config: ThrottleConfig) -> None:
         """Start the detector, or restart it if its settings changed."""
@@ -44,7 +47,6 @@ class ThrottleWatch:
         self.config = config
         if not config.enabled:
             return
-        self._stop.clear()
         self.detector = ThrottleDetector(
             devices=self.devices,
             unloaded_latency=self.unloaded_latency,
@@ -59,7 +61,6 @@ class ThrottleWatch:
         self.detector.start()
 
     def stop(self) -> None:
-        self._stop.set()
         if self.detector is not None:
             self.detector.stop()
             self.detector = None
@@ -71,15 +72,26 @@ class ThrottleWatch:
 
     # -- the unloaded service time ------------------------------------------------------------------------------
 
-    def _volume(self, disk: str) -> VolumeState | None:
-        device = self._devices.get(disk)
+    def _device(self, disk: str) -> BlockDevice | None:
+        """The disk's identity, re-read every DEVICE_TTL_S: a disk replaced under the same name gets its own
+        remembered latency, not its predecessor's."""
+        cached = self._devices.get(disk)
+        if cached is not None and time.monotonic() - cached[1] < self.DEVICE_TTL_S:
+            return cached[0]
+        device = self.host.device(disk)
         if device is None:
-            device = self.host.device(disk)
-            if device is None:
-                return None
-            self._devices[disk] = device
-        store = self.state()
-        return store.volume(device) if store.directory else None
+            return None
+        if cached is not None and VolumeIdentity.of(cached[0]) != VolumeIdentity.of(device):
+            for key in [k for k in self._remembered if k[0] == disk]:
+                del self._remembered[key]
+            self._saved_at.pop(disk, None)
+        self._devices[disk] = (device, time.monotonic())
+        return device
+
+    def _volume(self, disk: str) -> VolumeState | None:
+        device = self._device(disk)
+        store = self.store()
+        return store.volume(device) if device is not None and store.directory else None
 
     def _load(self, disk: str) -> None:
         """Read the disk's remembered unloaded latencies once."""
@@ -90,25 +102,26 @@ class ThrottleWatch:
             if not (isinstance(entry, dict) and isinstance(entry.get("seconds"), float)):
                 continue
             if isinstance(entry.get("at"), int) and time.time() - entry["at"] < REMEMBER_S:
-                self._remembered[(disk, direction)] = entry["seconds"]
+                self._remembered[(disk, direction)] = (entry["seconds"], entry["at"])
         self._saved_at.setdefault(disk, 0.0)
 
     def unloaded_latency(self, disk: str, direction: str) -> float | None:
         """The lowest latency the probes of this direction (any direction for "total") have seen, or remembered
-        from earlier runs (so a restart under load knows the disk's unloaded time)."""
+        from earlier runs within REMEMBER_S (so a restart under load knows the disk's unloaded time)."""
         probes = self.probes.on_disk(disk)
         chosen = [p for p in probes if p.spec.op == direction] or probes
         floors = [f for f in (p.stats.floor() for p in chosen) if f is not None]
         measured = min(floors) if floors else None
         with self._lock:
+            self._device(disk)  # forgets what was remembered of a replaced disk
             if disk not in self._saved_at:
                 self._load(disk)
             remembered = self._remembered.get((disk, direction))
-            if measured is not None and (remembered is None or measured < remembered):
-                self._remembered[(disk, direction)] = measured
+            if measured is not None and (remembered is None or measured < remembered[0]):
+                self._remembered[(disk, direction)] = remembered = (measured, int(time.time()))
                 if time.monotonic() - self._saved_at[disk] >= SAVE_EVERY_S:
                     self._save(disk)
-        known = [v for v in (measured, remembered) if v is not None]
+        known = [v for v in (measured, remembered[0] if remembered else None) if v is not None]
         return min(known) if known else None
 
     def _save(self, disk: str) -> None:
@@ -116,8 +129,7 @@ class ThrottleWatch:
         self._saved_at[disk] = time.monotonic()
         if volume is None:
             return
-        now = int(time.time())
-        entries = {d: {"seconds": v, "at": now} for (name, d), v in self._remembered.items() if name == disk}
+        entries = {d: {"seconds": v, "at": at} for (name, d), (v, at) in self._remembered.items() if name == disk}
         volume.put("unloaded", entries)
 
     # -- limits, completions, back-off ---------------------------------------------------------------------------
@@ -131,13 +143,24 @@ class ThrottleWatch:
 
     def probe_completions(self, disk: str) -> int:
         """volprobe's own I/O on the disk: its probes' and its active checks'."""
-        return sum(p.worker.completed for p in self.probes.on_disk(disk)) + self._burst_requests.get(disk, 0)
+        with self._lock:
+            bursts = self._burst_requests.get(disk, 0)
+        return sum(p.worker.completed for p in self.probes.on_disk(disk)) + bursts
 
     def changed(self, disk: str, throttled: bool) -> None:
         """Probes back off while their disk is throttled, so volprobe never adds to the throttling it reports."""
         factor = self.config.backoff if throttled else 1.0
         for running in self.probes.on_disk(disk):
             running.worker.set_slowdown(factor)
+
+    def back_off_new(self, new: list[RunningProbe]) -> None:
+        """Probes started on a disk that is throttled already back off from their first request."""
+        detector = self.detector
+        if detector is None:
+            return
+        for running in new:
+            if any(detector.is_throttled(disk) for disk in running.target.disks):
+                running.worker.set_slowdown(self.config.backoff)
 
     # -- active checks -----------------------------------------------------------------------------------------
 
@@ -146,23 +169,29 @@ class ThrottleWatch:
         threading.Thread(target=self._check, args=(request,), name=f"check {request.disk}", daemon=True).start()
 
     def _check(self, request: CheckRequest) -> None:
-        detector = self.detector
-        device = self._devices.get(request.disk) or self.host.device(request.disk)
-        if detector is None or device is None:
-            return
-        size = burst.request_size(request.bytes_per_s / max(request.ops_per_s, 1e-9))
-        size = max(size, device.logical_block_size)
-        result = burst.run(device.devnode, device.size_bytes, size, request.disk, self.host.proc, self._stop)
-        self._burst_requests[request.disk] = self._burst_requests.get(request.disk, 0) + result.requests
-        verdict = burst.verdict(request.ops_per_s, request.bytes_per_s, result)
-        log.info(
-            "%s: burst of %d reads: the disk went from %.0f to %.0f ops/s, %.1f to %.1f MiB/s: %s",
-            request.disk,
-            result.requests,
-            request.ops_per_s,
-            result.ops_per_s,
-            request.bytes_per_s / 2**20,
-            result.bytes_per_s / 2**20,
-            verdict,
-        )
-        detector.record_check(request.disk, verdict)
+        verdict = "inconclusive"
+        try:
+            with self._lock:
+                device = self._device(request.disk)
+            if device is None:
+                return
+            size = burst.request_size(request.bytes_per_s / max(request.ops_per_s, 1e-9))
+            size = max(size, device.logical_block_size)
+            result = burst.run(device.devnode, device.size_bytes, size, request.disk, self.host.proc, request.stop)
+            with self._lock:
+                self._burst_requests[request.disk] = self._burst_requests.get(request.disk, 0) + result.requests
+            verdict = burst.verdict(request.ops_per_s, request.bytes_per_s, result)
+            log.info(
+                "%s: burst of %d reads: the disk went from %.0f to %.0f ops/s, %.1f to %.1f MiB/s: %s",
+                request.disk,
+                result.requests,
+                request.ops_per_s,
+                result.ops_per_s,
+                request.bytes_per_s / 2**20,
+                result.bytes_per_s / 2**20,
+                verdict,
+            )
+        except Exception:
+            log.exception("active check of %s failed", request.disk)
+        finally:
+            request.report(request.disk, verdict)  # always: a check that never reports would block the next

@@ -1,0 +1,171 @@
+"""Throttling already under way when volprobe starts (issue 9, part 1): a restart or upgrade on a busy volume.
+
+The probes never see such a disk unloaded, so the plateau's await cannot be compared with the disk's unloaded
+service time; the detector settles it with an active check (a burst of reads: a capped disk's total stays
+flat, an uncapped one's rises). These tests start the load first, then volprobe with an empty state directory.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from .harness import MIB, sample_value, stop_fio
+from .test_throttle import NOT_THROTTLED, device_of, fio_load, run_bursts
+
+pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.slow]
+
+
+def config_for(tmp_path, volumes: dict) -> str:
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    lines = [f"state_directory: {state}", "defaults: {interval: 200ms, window: 1m}", "targets:"]
+    for name, volume in volumes.items():
+        lines.append(f"  - {{name: {name}, device: {volume.device}, probes: [{{op: read}}]}}")
+    path = tmp_path / "volprobe.yml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def wait_flagged(exporter, caps: dict, started: float, timeout: float = 30) -> dict[str, float]:
+    flagged: dict[str, float] = {}
+    while len(flagged) < len(caps) and time.monotonic() - started < timeout:
+        samples = exporter.metrics()
+        for name, (volume, limit, cap) in caps.items():
+            dev = device_of(volume)
+            if (
+                name in flagged
+                or sample_value(samples, "volprobe_throttle_active", device=dev, limit=limit, dir="read") != 1
+            ):
+                continue
+            flagged[name] = time.monotonic() - started
+            metric = "ops" if limit == "iops" else "bytes"
+            ceiling = sample_value(samples, f"volprobe_throttle_ceiling_{metric}_per_second", device=dev, dir="read")
+            assert abs(ceiling - cap) <= 0.03 * cap, (name, ceiling, cap)
+        time.sleep(0.5)
+    return flagged
+
+
+def test_a_cap_already_under_way_is_flagged_within_30s_of_start_and_of_a_restart(tmp_path, lab_volume, start_exporter):
+    caps = {
+        "iops": (lab_volume(size=64 * MIB, read_latency=0.001, iops_limit=300), "iops", 300),
+        "bw": (lab_volume(size=64 * MIB, read_latency=0.0005, bandwidth_limit=20 * MIB), "bandwidth", 20 * MIB),
+    }
+    # Eight parallel readers on each, started before volprobe (as in a restart on a busy database volume).
+    loads = [
+        fio_load(
+            v.device,
+            "--ioengine=psync",
+            "--numjobs=8",
+            "--rw=randread",
+            f"--bs={'64k' if limit == 'bandwidth' else '4k'}",
+            runtime=100,
+        )
+        for v, limit, _ in caps.values()
+    ]
+    try:
+        time.sleep(3)
+        config = config_for(tmp_path, {name: v for name, (v, _, _) in caps.items()})
+        for restart in ("first start, empty state directory", "after kill -9"):
+            started = time.monotonic()
+            exporter = start_exporter("--config", config)
+            flagged = wait_flagged(exporter, caps, started)
+            assert set(flagged) == set(caps), f"{restart}: flagged {flagged}; log:\n{exporter.log()[-2500:]}"
+            samples = exporter.metrics()
+            for volume, _, _ in caps.values():
+                checks = sample_value(
+                    samples, "volprobe_throttle_checks_total", device=device_of(volume), result="capped"
+                )
+                unloaded = sample_value(
+                    samples, "volprobe_throttle_unloaded_latency_seconds", device=device_of(volume), dir="read"
+                )
+                assert checks >= 1 or unloaded is not None, restart
+            exporter.process.send_signal(signal.SIGKILL)
+            exporter.process.wait(10)
+    finally:
+        for load in loads:
+            stop_fio(load)
+
+
+def test_steady_demand_bursts_and_qd1_under_way_at_start_are_not_flagged(tmp_path, lab_volume, start_exporter):
+    volumes = {
+        # 20 ms, uncapped: N qd1 readers give N x 50 IOPS, well within what the lab serves on two cores.
+        "parallel": lab_volume(size=64 * MIB, read_latency=0.02),
+        "bursty": lab_volume(size=64 * MIB, read_latency=0.001, iops_limit=300),
+        "qd1": lab_volume(size=64 * MIB, read_latency=0.002, write_latency=0.002),
+    }
+    qd1 = fio_load(
+        volumes["qd1"].device,
+        "--ioengine=sync",
+        "--iodepth=1",
+        "--rw=randwrite",
+        "--bs=8k",
+        "--offset=1M",
+        "--size=60M",
+        runtime=90,
+    )
+    stop = threading.Event()
+    # Bursts that touch the cap for a few seconds at a time.
+    burster = threading.Thread(target=run_bursts, args=(volumes["bursty"].device, stop, 11, (16,), "randread"))
+    burster.start()
+    phases = []  # (jobs, fio process, IOPS the parallel volume served)
+    parallel = None
+    try:
+        parallel = fio_load(
+            volumes["parallel"].device, "--ioengine=psync", "--numjobs=2", "--rw=randread", "--bs=4k", runtime=30
+        )
+        time.sleep(3)
+        exporter = start_exporter("--config", config_for(tmp_path, volumes))
+        dev = device_of(volumes["parallel"])
+        for jobs in (2, 8, 16):
+            if jobs != 2:
+                parallel = fio_load(
+                    volumes["parallel"].device,
+                    "--ioengine=psync",
+                    f"--numjobs={jobs}",
+                    "--rw=randread",
+                    "--bs=4k",
+                    runtime=30,
+                )
+            reads = []
+            end = time.monotonic() + 24
+            while time.monotonic() < end:
+                samples = exporter.metrics()
+                active = [(labels, v) for labels, v in samples.get("volprobe_throttle_active", []) if v == 1]
+                assert active == [], f"false plateau with {jobs} readers: {active}\n{exporter.log()[-2000:]}"
+                reads.append(
+                    (time.monotonic(), sample_value(samples, "volprobe_disk_reads_completed_total", device=dev))
+                )
+                time.sleep(1)
+            stop_fio(parallel)
+            (t0, r0), (t1, r1) = reads[4], reads[-1]
+            phases.append((jobs, (r1 - r0) / (t1 - t0)))
+        rates = [rate for _, rate in phases]
+        # The premise: the volume's throughput grows with the number of readers (it is not capped); less than
+        # linearly at 16, where the lab's FUSE hop holds about a dozen requests in flight.
+        assert rates[0] * 2 < rates[1] and rates[1] * 1.15 < rates[2], phases
+        samples = exporter.metrics()
+        # The detector judged every volume (all verdicts exported, at 0), and it did check the steady plateaus.
+        for name, volume in volumes.items():
+            verdict = {
+                (labels["limit"], labels["dir"]): v
+                for labels, v in samples["volprobe_throttle_active"]
+                if labels["device"] == device_of(volume)
+            }
+            assert verdict == NOT_THROTTLED, name
+            seconds = [
+                v for labels, v in samples["volprobe_throttle_seconds_total"] if labels["device"] == device_of(volume)
+            ]
+            assert seconds and max(seconds) == 0, name
+        assert sample_value(samples, "volprobe_throttle_checks_total", device=dev, result="uncapped") >= 1
+        assert sample_value(samples, "volprobe_throttle_checks_total", device=dev, result="capped") == 0
+        assert exporter.stop() == 0
+    finally:
+        stop.set()
+        burster.join()
+        stop_fio(qd1)
+        if parallel is not None:
+            stop_fio(parallel)
