@@ -151,7 +151,7 @@ class _Checker:
         for name in value:
             if name not in allowed:
                 hint = ", ".join(sorted(allowed))
-                self.fail(_join(key, str(name)), f"unknown key (expected one of: {hint})")
+                self.fail(key_path(key, name), f"unknown key (expected one of: {hint})")
         return dict(value)
 
     def present(self, data: Mapping[str, Any], key: str, parsers: Mapping[str, Callable[[Any], Any]]) -> dict[str, Any]:
@@ -176,8 +176,17 @@ class _Checker:
             return default
 
 
-def _join(key: str, name: str) -> str:
-    return f"{key}.{name}" if key else name
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def key_path(key: str, name: object) -> str:
+    """`key.name`; a name that is not a plain word (spaces, dots, not a string) is quoted: `key[' ']`."""
+    if isinstance(name, str) and _PLAIN_KEY.match(name):
+        return f"{key}.{name}" if key else name
+    return f"{key}[{name!r}]"
+
+
+_join = key_path
 
 
 def _positive_duration(value: Any) -> float:
@@ -384,7 +393,7 @@ def _target(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> TargetC
     if warmup is not None and kind == "directory":
         check.fail(_join(key, "warmup"), "warm-up reads a whole device; give it a device target")
     if warmup is not None and warmup.mode == "write" and not target.allow_raw_writes:
-        check.fail(_join(key, "warmup.mode"), "write warm-up needs allow_raw_writes: true on the target")
+        check.fail(_join(_join(key, "warmup"), "mode"), "write warm-up needs allow_raw_writes: true on the target")
     return target
 
 
@@ -429,7 +438,11 @@ def parse(document: Any, source: str = "<config>") -> Config:
     check = _Checker()
     if document is None:
         document = {}
-    top = check.mapping(document, "", _TOP_KEYS)
+    top = (
+        check.mapping(document, source, _TOP_KEYS)
+        if not isinstance(document, Mapping)
+        else check.mapping(document, "", _TOP_KEYS)
+    )
     raw_defaults = check.mapping(top.get("defaults"), "defaults", _DEFAULT_KEYS)
     defaults = _Defaults(
         probe=check.present(raw_defaults, "defaults", {k: _PROBE_PARSERS[k] for k in _PROBE_DEFAULT_KEYS}),

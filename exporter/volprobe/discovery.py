@@ -63,10 +63,6 @@ class BlockDevice:
     dm_name: str = ""
     links: tuple[str, ...] = field(default=(), repr=False)
 
-    @property
-    def devnum(self) -> str:
-        return f"{self.major}:{self.minor}"
-
 
 def _read(path: Path) -> str:
     try:

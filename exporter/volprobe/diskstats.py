@@ -6,7 +6,7 @@ fields (5.5+). Fields a kernel does not print are None, so they are not exported
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 SECTOR_BYTES = 512  # diskstats counts 512-byte sectors whatever the device's block size
@@ -44,9 +44,6 @@ class DiskStats:
         return self.sectors_written * SECTOR_BYTES
 
 
-_COUNTER_FIELDS = [f.name for f in fields(DiskStats)][3:]
-
-
 def parse_line(line: str) -> DiskStats:
     parts = line.split()
     if len(parts) not in (14, 18, 20):
@@ -71,7 +68,3 @@ def parse(text: str) -> dict[str, DiskStats]:
 
 def read(proc_root: str | Path = "/proc") -> dict[str, DiskStats]:
     return parse((Path(proc_root) / "diskstats").read_text())
-
-
-def counter_fields() -> list[str]:
-    return list(_COUNTER_FIELDS)

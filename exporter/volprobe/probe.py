@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 SECTOR = 512
 MAX_ERROR_BACKOFF_S = 30.0
 MAX_SLEEP_NS = 1_000_000_000  # a worker notices stop and slow-down requests within a second
-# errnos after which the descriptor is worthless: the device went away or was replaced.
-REOPEN_ERRNOS = {errno.ENXIO, errno.ENODEV, errno.ENOENT, errno.EBADF, errno.ESTALE, errno.ENOMEDIUM}
+# errnos after which the descriptor is worthless: the device went away or was replaced, or the filesystem went
+# read-only (an ext4 error): letting go of the probe file lets the operator unmount it for fsck.
+REOPEN_ERRNOS = {errno.ENXIO, errno.ENODEV, errno.ENOENT, errno.EBADF, errno.ESTALE, errno.ENOMEDIUM, errno.EROFS}
 _M64 = (1 << 64) - 1
 
 
@@ -440,7 +441,7 @@ class ProbeWorker:
         self.last_error = name
 
     def _backoff_ns(self, failures: int) -> int:
-        return int(min(self.interval_s * 2**failures, MAX_ERROR_BACKOFF_S) * 1e9)
+        return int(min(self.interval_s * 2 ** min(failures, 32), MAX_ERROR_BACKOFF_S) * 1e9)
 
     def _run(self) -> None:
         try:
@@ -457,12 +458,17 @@ class ProbeWorker:
         failures = 0
         deadline = pacer.deadline()
         ready = False
+        retry_at = 0  # after a failed open: not before this (perf_counter_ns)
         while not self._stopping:
             if slowdown != self._slowdown:
                 slowdown = self._slowdown
                 pacer.set_interval(self.interval_s * slowdown, clock())
                 deadline = pacer.deadline()
             if not ready:  # open the device if needed and prepare the request, before sleeping
+                wait = retry_at - clock()
+                if wait > 0:
+                    time.sleep(min(wait, MAX_SLEEP_NS) / 1e9)  # backing off; wake each second for stop
+                    continue
                 try:
                     probe.open()
                     probe.prepare()
@@ -470,7 +476,7 @@ class ProbeWorker:
                 except OSError as err:
                     failures += 1
                     self._count_error(errno.errorcode.get(err.errno or 0, "EUNKNOWN"), f"open: {err}")
-                    deadline = clock() + self._backoff_ns(failures)
+                    retry_at = deadline = clock() + self._backoff_ns(failures)
                     pacer.set_interval(self.interval_s * slowdown, deadline)
                     continue
             if deadline - clock() > MAX_SLEEP_NS:

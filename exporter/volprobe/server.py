@@ -108,6 +108,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_HEAD(self) -> None:
         self.do_GET()
 
+    def _method_not_allowed(self) -> None:
+        """Scrapes are GET (or HEAD): anything else gets 405 and what is allowed, not the stdlib's 501."""
+        self.close_connection = True
+        self._send(405, b"Method Not Allowed\n", "text/plain; charset=utf-8", {"Allow": "GET, HEAD"})
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _method_not_allowed
+
     def do_GET(self) -> None:
         config = self.server.web.current()
         if not self.server.web.authorized(config, self.headers.get("Authorization")):

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .discovery import BlockDevice
 
@@ -309,12 +309,20 @@ def _pair(value: Any) -> bool:
 # -- sections as checkpoints ------------------------------------------------------------------------------------
 
 
+class EarlierCheckpoint(Protocol):
+    """A checkpoint file of an earlier version (volprobe.warmup.FileCheckpoint)."""
+
+    path: str
+
+    def read(self) -> object | None: ...
+
+
 class SectionCheckpoint:
     """A section of a volume's state used as a warm-up checkpoint (volprobe.warmup.Checkpoint). With `earlier`,
     a checkpoint kept elsewhere by an earlier version is read while the section is empty, and set aside
     (renamed *.migrated) once the section holds the progress."""
 
-    def __init__(self, volume: VolumeState, section: str, earlier: Any = None) -> None:
+    def __init__(self, volume: VolumeState, section: str, earlier: EarlierCheckpoint | None = None) -> None:
         self.volume = volume
         self.section = section
         self.earlier = earlier
@@ -330,7 +338,7 @@ class SectionCheckpoint:
         if not self.volume.put(self.section, document):
             raise OSError(self.volume.problem or "the volume state cannot be written")
         earlier, self.earlier = self.earlier, None
-        path = getattr(earlier, "path", None)
+        path = earlier.path if earlier is not None else None
         if path and os.path.exists(path):
             with contextlib.suppress(OSError):
                 os.replace(path, path + ".migrated")

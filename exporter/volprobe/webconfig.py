@@ -20,7 +20,7 @@ from typing import Any
 import bcrypt
 import yaml
 
-from .config import ConfigError
+from .config import ConfigError, key_path
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,8 @@ def _mapping(value: Any, key: str, allowed: set[str], problems: list[str]) -> di
         return {}
     for name in value:
         if name not in allowed:
-            problems.append(f"{key}.{name}: unknown or unsupported key (supported: {', '.join(sorted(allowed))})")
+            supported = ", ".join(sorted(allowed))
+            problems.append(f"{key_path(key, name)}: unknown or unsupported key (supported: {supported})")
     return value
 
 

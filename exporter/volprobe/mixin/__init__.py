@@ -8,6 +8,7 @@ The configuration file holds only the keys you change; every other key keeps its
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,23 @@ def load(path: str | Path | None) -> MixinConfig:
     return from_mapping(document, str(path))
 
 
+def _type_problem(kind: Any, value: Any) -> str:
+    """What is wrong with a value for a field of this (annotated) type, or ""."""
+    kind = str(kind)
+    if kind == "str":
+        return "" if isinstance(value, str) else f"{value!r} is not a string"
+    if kind == "float":
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        return "" if number else f"{value!r} is not a positive number"
+    if kind.startswith("dict"):
+        good = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+        return "" if good else f"{value!r} is not a mapping of op to duration, e.g. {{read: 50ms}}"
+    if kind.startswith("tuple"):
+        good = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return "" if good else f"{value!r} is not a list of strings"
+    return ""
+
+
 def from_mapping(document: Any, source: str = "mixin") -> MixinConfig:
     if not isinstance(document, dict):
         raise ConfigError([f"{source}: must be a mapping"])
@@ -87,7 +105,13 @@ def from_mapping(document: Any, source: str = "mixin") -> MixinConfig:
         if key not in known:
             problems.append(f"{key}: unknown key (expected one of: {', '.join(sorted(known))})")
             continue
-        changes[key] = tuple(value) if key == "dashboard_tags" and isinstance(value, list) else value
+        problem = _type_problem(known[key].type, value)
+        if problem:
+            problems.append(f"{key}: {problem}")
+            continue
+        changes[key] = tuple(value) if key == "dashboard_tags" else value
+    if problems:
+        raise ConfigError([f"{source}: {p}" for p in problems])
     config = replace(DEFAULTS, **changes)
     for name in _DURATIONS:
         try:

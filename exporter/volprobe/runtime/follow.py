@@ -71,6 +71,9 @@ def discovered_target(name: str, devnode: str, discovery: DiscoveryConfig) -> Ta
 
 
 class DeviceFollower:
+    """Runs the rescans of `discovery:` in a thread, under the exporter's lock, starting and stopping the
+    discovered targets through the exporter's callbacks."""
+
     def __init__(
         self,
         host: Host,
