@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import http.client
 import socket
+import threading
 
 import pytest
 
-from .harness import MIB
+from volprobe.server import SharedRender
 
-pytestmark = pytest.mark.root
+from .harness import MIB
 
 
 def request(port: int, method: str, path: str, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
@@ -22,6 +23,7 @@ def request(port: int, method: str, path: str, headers: dict[str, str] | None = 
     return response
 
 
+@pytest.mark.root
 def test_bad_requests_get_clear_status_codes_and_idle_connections_block_no_scrape(make_loop, start_exporter):
     exporter = start_exporter("--target", make_loop(16 * MIB))
     port = exporter.port
@@ -48,3 +50,35 @@ def test_bad_requests_get_clear_status_codes_and_idle_connections_block_no_scrap
     assert exporter.process.poll() is None
     assert request(port, "GET", "/metrics").status == 200
     assert exporter.stop() == 0
+
+
+def test_concurrent_scrapes_share_one_render():
+    renders = []
+    gate = threading.Event()
+
+    def render(accept: str) -> tuple[bytes, str]:
+        renders.append(accept)
+        gate.wait(5)  # a slow render: every scrape arriving meanwhile waits for it
+        return f"body {len(renders)}".encode(), "text/plain"
+
+    shared = SharedRender(render)
+    results: list[bytes] = []
+    threads = [threading.Thread(target=lambda: results.append(shared.get("text/plain")[0])) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    while not renders:
+        threading.Event().wait(0.01)
+    threading.Event().wait(0.2)  # the others have arrived and wait
+    gate.set()
+    for thread in threads:
+        thread.join(10)
+    assert len(renders) == 1 and results == [b"body 1"] * 20
+    assert shared.get("text/plain")[0] == b"body 2", "a later scrape renders afresh"
+
+
+def test_a_failed_render_fails_every_scrape_waiting_for_it():
+    def render(accept: str) -> tuple[bytes, str]:
+        raise RuntimeError("collector broke")
+
+    with pytest.raises(RuntimeError):
+        SharedRender(render).get("")

@@ -18,9 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import choose_encoder, generate_latest
 
 from . import __version__
+from .exposition import generate_text
 from .webconfig import WebConfigWatcher
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,49 @@ def parse_listen_address(address: str) -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, int(port)
+
+
+class SharedRender:
+    """Concurrent scrapes share one render: a scrape that arrives while one is being rendered waits for it and
+    gets its bytes, instead of rendering the same state again (rendering is CPU-bound and holds the GIL, so N
+    renders at once would take N times as long for everyone). A scrape never gets a render that started before
+    it arrived plus one: at most one render old."""
+
+    def __init__(self, render: Callable[[str], tuple[bytes, str]]) -> None:
+        self._render = render  # Accept header -> (body, content type)
+        self._lock = threading.Lock()
+        self._flights: dict[str, _Flight] = {}
+
+    def get(self, accept: str) -> tuple[bytes, str]:
+        key = choose_encoder(accept)[1]  # one flight per exposition format
+        with self._lock:
+            flight = self._flights.get(key)
+            leader = flight is None
+            if leader:
+                flight = self._flights[key] = _Flight()
+        assert flight is not None
+        if not leader:
+            flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            return flight.result
+        try:
+            flight.result = self._render(accept)
+        except Exception as err:
+            flight.error = err
+            raise
+        finally:
+            with self._lock:
+                del self._flights[key]
+            flight.done.set()
+        return flight.result
+
+
+class _Flight:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: tuple[bytes, str] = (b"", "")
+        self.error: Exception | None = None
 
 
 class ExporterHTTPServer(ThreadingHTTPServer):
@@ -56,7 +100,14 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         self.web = web
         self.landing = landing or (lambda: "")
         self.ready = threading.Event()
+        self.renders = SharedRender(self._render)
         super().__init__((host or "::", address[1]), _Handler)
+
+    def _render(self, accept: str) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept)
+        if encoder is generate_latest:  # the text format: the same bytes, rendered faster
+            return generate_text(self.registry), content_type
+        return encoder(self.registry), content_type
 
     def server_bind(self) -> None:
         if self.address_family == socket.AF_INET6:
@@ -91,6 +142,9 @@ class _Handler(BaseHTTPRequestHandler):
     server: ExporterHTTPServer
     server_version = f"volprobe/{__version__}"
     protocol_version = "HTTP/1.1"
+    # A request line that does not parse still gets a status line (the stdlib's default, HTTP/0.9, sends the
+    # error page bare).
+    default_request_version = "HTTP/1.0"
 
     def log_message(self, format: str, *args) -> None:
         log.debug("%s %s", self.address_string(), format % args)
@@ -127,9 +181,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         path = urlsplit(self.path).path
         if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
             try:
-                body = encoder(self.server.registry)
+                body, content_type = self.server.renders.get(self.headers.get("Accept", ""))
             except Exception:
                 log.exception("scrape failed")
                 self._send(500, b"scrape failed; see the exporter's log\n", "text/plain; charset=utf-8")

@@ -1,0 +1,78 @@
+"""The fast text exposition writes exactly what prometheus_client's generate_latest writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    StateSetMetricFamily,
+    SummaryMetricFamily,
+)
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from volprobe import config
+from volprobe.collectors import Sources, VolprobeCollector
+from volprobe.discovery import Host
+from volprobe.exposition import generate_text
+from volprobe.runtime import Exporter
+
+from .harness import MIB
+
+
+class Frozen(Collector):
+    """The same families on every collect(): both encoders see identical input."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
+def odd_families() -> list[Metric]:
+    counter = CounterMetricFamily("odd_requests", 'Help with "quotes", a \\ backslash\nand a newline.', labels=["path"])
+    counter.add_metric(['/a "quoted" \\ path\nwith a newline'], 3, created=1700000000.5)
+    counter.add_metric(["ünïcode"], 2.5)
+    gauge = GaugeMetricFamily("odd_gauge", "plain", labels=["a", "b"])
+    gauge.add_metric(["x", ""], float("nan"))
+    gauge.add_metric(["y", "z"], float("inf"), timestamp=1700000000.25)
+    gauge.add_metric(["z", "z"], -0.0)
+    histogram = HistogramMetricFamily("odd_seconds", "h", labels=["op"])
+    histogram.add_metric(["read"], [("0.001", 1), ("+Inf", 3)], 0.5)
+    summary = SummaryMetricFamily("odd_summary", "s", count_value=4, sum_value=1e-9)
+    info = InfoMetricFamily("odd_build", "i", value={"version": "1.0", "commit": 'a"b'})
+    states = StateSetMetricFamily("odd_state", "st", value={"up": True, "down": False})
+    unnamed = GaugeMetricFamily("odd.dotted.name", "not a legacy name")
+    unnamed.add_metric([], 1)
+    return [counter, gauge, histogram, summary, info, states, unnamed, GaugeMetricFamily("odd_empty", "none")]
+
+
+def test_odd_families_render_the_same():
+    registry = Frozen(odd_families())
+    assert generate_text(registry) == generate_latest(registry)
+
+
+@pytest.mark.root
+def test_the_exporters_own_registry_renders_the_same(make_loop):
+    loops = [make_loop(16 * MIB) for _ in range(3)]
+    document = {"targets": [{"name": f"t{i}", "device": loop} for i, loop in enumerate(loops)]}
+    exporter = Exporter(config.parse(document), Host())
+    exporter.start()
+    try:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(VolprobeCollector(Sources(exporter, Path("/proc"))))
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        exporter.probes.running()[0].worker.join(0.5)  # let a few probes land
+        frozen = Frozen(list(registry.collect()))
+        assert generate_text(frozen) == generate_latest(frozen)
+    finally:
+        exporter.stop()
