@@ -7,10 +7,11 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
-from .harness import MIB, sample_value, volprobe_command
+from .harness import MIB, parse_metrics, sample_value, volprobe_command
 
 pytestmark = pytest.mark.root
 
@@ -134,4 +135,23 @@ def test_discovery_patterns_that_match_nothing_are_reported(tmp_path, make_loop,
     assert "discovery.include[0]" not in log
     reload_and_wait(exporter, config, config.read_text())
     assert exporter.log().count("discovery.include[1] '^loop' matches no device now") == 2, "warned again on reload"
+    assert exporter.stop() == 0
+
+
+def test_a_changed_web_config_restarts_no_probe(tmp_path, make_loop, start_exporter):
+    loop = make_loop(16 * MIB)
+    web = tmp_path / "web.yml"
+    web.write_text("http_server_config: {headers: {X-Frame-Options: deny}}\n")
+    config = tmp_path / "volprobe.yml"
+    config.write_text(f"targets: [{{name: a, device: {loop}, probes: [{{op: read, interval: 50ms}}]}}]\n")
+    exporter = start_exporter("--config", str(config), "--web.config.file", str(web))
+    samples = exporter.wait_for(lambda s: count(s, "a") >= 20, what="probes")
+    before = count(samples, "a")
+    web.write_text("http_server_config: {headers: {X-Frame-Options: sameorigin}}\n")  # applies to the next request
+    with urllib.request.urlopen(exporter.url + "/metrics", timeout=10) as response:
+        assert response.headers["X-Frame-Options"] == "sameorigin"
+        assert count(parse_metrics(response.read().decode()), "a") >= before
+    reload_and_wait(exporter, config, config.read_text())  # and a SIGHUP with it
+    assert count(exporter.metrics(), "a") >= before
+    assert "stopped probing" not in exporter.log()
     assert exporter.stop() == 0
