@@ -181,7 +181,7 @@ _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 def key_path(key: str, name: object) -> str:
     """`key.name`; a name that is not a plain word (spaces, dots, not a string) is quoted: `key[' ']`."""
-    if isinstance(name, str) and _PLAIN_KEY.match(name):
+    if isinstance(name, str) and _PLAIN_KEY.fullmatch(name):
         return f"{key}.{name}" if key else name
     return f"{key}[{name!r}]"
 
@@ -239,7 +239,7 @@ def _positive_number(value: Any) -> float:
 
 
 def _name(value: Any) -> str:
-    if not isinstance(value, str) or not NAME_RE.match(value):
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a valid name (letters, digits, '_', '.', ':', '-'; at most 64)")
     return value
 

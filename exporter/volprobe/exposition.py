@@ -39,11 +39,11 @@ def _value(text: str) -> str:
 
 
 def _legacy(metric: Metric) -> bool:
-    if not _LEGACY_NAME.match(metric.name):
+    if not _LEGACY_NAME.fullmatch(metric.name):
         return False
     names = {sample.name for sample in metric.samples}
     labels = {label for sample in metric.samples for label in sample.labels}
-    return all(_LEGACY_NAME.match(n) for n in names) and all(_LEGACY_LABEL.match(label) for label in labels)
+    return all(_LEGACY_NAME.fullmatch(n) for n in names) and all(_LEGACY_LABEL.fullmatch(label) for label in labels)
 
 
 def _family(metric: Metric) -> list[str]:

@@ -102,7 +102,7 @@ def _tls_context(data: dict[str, Any], base: str, problems: list[str]) -> tuple[
     if ("cert_file" in data) != ("key_file" in data):
         problems.append(f"{key}: cert_file and key_file go together")
     auth = data.get("client_auth_type", "NoClientCert")
-    if auth not in CLIENT_AUTH_TYPES:
+    if not isinstance(auth, str) or auth not in CLIENT_AUTH_TYPES:
         problems.append(f"{key}.client_auth_type: {auth!r} is not one of {', '.join(CLIENT_AUTH_TYPES)}")
         auth = "NoClientCert"
     ca = (
@@ -113,12 +113,16 @@ def _tls_context(data: dict[str, Any], base: str, problems: list[str]) -> tuple[
     versions = []
     for name, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
         value = data.get(name, default)
-        if value not in TLS_VERSIONS:
+        if not isinstance(value, str) or value not in TLS_VERSIONS:
             problems.append(f"{key}.{name}: {value!r} is not one of {', '.join(TLS_VERSIONS)}")
             value = default
         versions.append(TLS_VERSIONS[value])
     suites = data.get("cipher_suites") or []
-    unknown = [s for s in suites if s not in CIPHER_SUITES] if isinstance(suites, list) else ["(not a list)"]
+    unknown = (
+        [s for s in suites if not isinstance(s, str) or s not in CIPHER_SUITES]
+        if isinstance(suites, list)
+        else ["(not a list)"]
+    )
     if unknown:
         problems.append(f"{key}.cipher_suites: unsupported: {', '.join(map(str, unknown))}")
     if problems or cert is None or private is None:
@@ -161,7 +165,8 @@ def parse(document: Any, base: str = ".") -> WebConfig:
         raw_users = {}
     for name, hashed in raw_users.items():
         if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-            problems.append(f"basic_auth_users.{name}: is not a bcrypt hash (htpasswd -nBC 10 \"\" | tr -d ':\\n')")
+            where = key_path("basic_auth_users", name)
+            problems.append(f"{where}: is not a bcrypt hash (htpasswd -nBC 10 \"\" | tr -d ':\\n')")
             continue
         users[str(name)] = hashed.encode()
     if problems:

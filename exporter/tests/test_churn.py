@@ -1,0 +1,113 @@
+"""Churn (issue 13, short form): a hundred SIGHUPs and attach/detach cycles under discovery leave threads,
+file descriptors and series where they started."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from .harness import MIB, run
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def threads(pid: int) -> int:
+    return int(re.search(r"Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1))
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def series(exporter) -> set[tuple[str, frozenset]]:
+    """The series of volprobe's own families (values aside); process_* and build info vary by nature."""
+    return {
+        (name, frozenset(labels.items()))
+        for name, samples in exporter.metrics().items()
+        if name.startswith("volprobe_") and "scrape_collector_duration" not in name
+        for labels, _ in samples
+    }
+
+
+def settle(exporter, baseline: tuple[int, int], timeout: float = 20) -> tuple[int, int]:
+    deadline = time.monotonic() + timeout
+    pid = exporter.process.pid
+    now = (threads(pid), fds(pid))
+    while now != baseline and time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = (threads(pid), fds(pid))
+    return now
+
+
+def test_a_hundred_reloads_and_attach_detach_cycles_leave_nothing_behind(tmp_path, make_loop, start_exporter):
+    explicit = [make_loop(16 * MIB, name=f"e{i}") for i in range(4)]
+    found = [os.path.basename(make_loop(16 * MIB, name=f"d{i}")) for i in range(4)]
+    # The device that comes and goes: the next free loop number, attached and detached by name.
+    backing = tmp_path / "hotplug.img"
+    backing.write_bytes(b"")
+    os.truncate(backing, 16 * MIB)
+    hotplug = run("losetup", "--find").stdout.strip()
+    pattern = "|".join([*found, os.path.basename(hotplug)])
+    targets = "".join(
+        f"  - {{name: e{i}, device: {loop}, probes: [{{op: read, interval: 100ms}}]}}\n"
+        for i, loop in enumerate(explicit)
+    )
+    base = f"targets:\n{targets}discovery:\n  include: ['{pattern}']\n  rescan_interval: 1s\n"
+    base += "  probes: [{op: read, interval: 100ms}]\n"
+    variant = base.replace("  rescan_interval: 1s\n", "  rescan_interval: 1s\n  exclude: ['nothing\\d+']\n")
+    config = tmp_path / "volprobe.yml"
+    config.write_text(base)
+    exporter = start_exporter("--config", str(config))
+    exporter.wait_for(
+        lambda s: {labels["target"] for labels, _ in s.get("volprobe_target_info", [])} >= {*found, "e0", "e3"},
+        what="every target",
+    )
+    time.sleep(2)
+    pid = exporter.process.pid
+    baseline = (threads(pid), fds(pid))
+    expected = series(exporter)
+
+    staged = tmp_path / "volprobe.yml.new"
+    for i in range(100):  # 100 SIGHUPs in about 10 s, alternating two equivalent configurations
+        # Replaced atomically, as configuration management does: a reload never reads half a file.
+        staged.write_text(variant if i % 2 == 0 else base)
+        os.replace(staged, config)
+        exporter.process.send_signal(signal.SIGHUP)
+        time.sleep(0.1)
+    deadline = time.monotonic() + 30
+    while exporter.log().count("configuration reloaded") < 10 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "stopped probing" not in exporter.log(), exporter.log()[-2000:]
+    assert settle(exporter, baseline) == baseline, "threads or descriptors left by the reloads"
+    assert series(exporter) == expected
+
+    for _ in range(10):  # attach, wait until probed, detach, wait until dropped
+        run("losetup", "--direct-io=on", hotplug, str(backing))
+        try:
+            exporter.wait_for(
+                lambda s: any(
+                    labels["target"] == os.path.basename(hotplug) for labels, _ in s.get("volprobe_target_info", [])
+                ),
+                timeout=15,
+                what="the attached device",
+            )
+        finally:
+            run("losetup", "--detach", hotplug)
+        exporter.wait_for(
+            lambda s: (
+                not any(
+                    labels["target"] == os.path.basename(hotplug) for labels, _ in s.get("volprobe_target_info", [])
+                )
+            ),
+            timeout=15,
+            what="the detached device to go",
+        )
+    assert settle(exporter, baseline) == baseline, "threads or descriptors left by attach/detach cycles"
+    assert series(exporter) == expected
+    assert exporter.process.poll() is None
+    assert exporter.stop() == 0
