@@ -70,6 +70,11 @@ targets:
     assert count(samples, "stalling") - observed_up_to(5.0) == 1, "one probe took more than 5 s"
     assert observed_up_to(upper) - observed_up_to(5.0) == 1, f"and at most the {stalled_for:.1f} s stall"
     assert sample_value(samples, "volprobe_probe_missed_total", target="stalling") >= 40
+    # No burst replays the missed slots: after the release, probes go on at their own pace (10/s).
+    resumed, started = count(samples, "stalling"), time.monotonic()
+    time.sleep(2)
+    later = exporter.metrics()
+    assert count(later, "stalling") - resumed <= (time.monotonic() - started) / 0.1 + 3
     assert exporter.stop() == 0
 
 
