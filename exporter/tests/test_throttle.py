@@ -32,6 +32,20 @@ def fio_load(device: str, *options: str, runtime: float) -> subprocess.Popen:
     )
 
 
+def qd1_writer(device: str, runtime: float) -> subprocess.Popen:
+    """The seed's job: one thread, queue depth 1, 8 KiB random O_DIRECT writes (latency-bound, never a cap)."""
+    return fio_load(
+        device,
+        "--ioengine=sync",
+        "--iodepth=1",
+        "--rw=randwrite",
+        "--bs=8k",
+        "--offset=1M",
+        "--size=60M",
+        runtime=runtime,
+    )
+
+
 def run_bursts(device: str, stop: threading.Event, seed: int, depths=(4, 16, 32), rw: str = "randrw") -> None:
     """Bursts of 0.5 to 2.5 s of parallel I/O, 0.5 to 3 s apart, until `stop`: a load that touches a cap
     for a few seconds at a time, never long enough to be a plateau."""
@@ -142,16 +156,7 @@ def test_idle_bursty_and_latency_bound_qd1_are_not_flagged(tmp_path, lab_volume,
     }
     exporter = start(tmp_path, start_exporter, volumes)
     # The seed's job: one thread, queue depth 1, 8 KiB random writes on a 2 ms device: ~500 IOPS, flat.
-    qd1 = fio_load(
-        volumes["qd1"].device,
-        "--ioengine=sync",
-        "--iodepth=1",
-        "--rw=randwrite",
-        "--bs=8k",
-        "--offset=1M",
-        "--size=60M",
-        runtime=70,
-    )
+    qd1 = qd1_writer(volumes["qd1"].device, runtime=70)
     stop = threading.Event()
     burster = threading.Thread(target=run_bursts, args=(volumes["bursty"].device, stop, 7))
     burster.start()

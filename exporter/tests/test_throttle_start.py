@@ -14,7 +14,7 @@ import time
 import pytest
 
 from .harness import MIB, sample_value, stop_fio
-from .test_throttle import NOT_THROTTLED, device_of, fio_load, run_bursts
+from .test_throttle import NOT_THROTTLED, device_of, fio_load, qd1_writer, run_bursts
 
 pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.slow]
 
@@ -74,15 +74,12 @@ def test_a_cap_already_under_way_is_flagged_within_30s_of_start_and_of_a_restart
             exporter = start_exporter("--config", config)
             flagged = wait_flagged(exporter, caps, started)
             assert set(flagged) == set(caps), f"{restart}: flagged {flagged}; log:\n{exporter.log()[-2500:]}"
-            samples = exporter.metrics()
-            for volume, _, _ in caps.values():
-                checks = sample_value(
-                    samples, "volprobe_throttle_checks_total", device=device_of(volume), result="capped"
-                )
-                unloaded = sample_value(
-                    samples, "volprobe_throttle_unloaded_latency_seconds", device=device_of(volume), dir="read"
-                )
-                assert checks >= 1 or unloaded is not None, restart
+            if restart.startswith("first"):
+                # Never seen unloaded: the plateau was settled by an active check.
+                samples = exporter.metrics()
+                for volume, _, _ in caps.values():
+                    dev = device_of(volume)
+                    assert sample_value(samples, "volprobe_throttle_checks_total", device=dev, result="capped") >= 1
             exporter.process.send_signal(signal.SIGKILL)
             exporter.process.wait(10)
     finally:
@@ -97,16 +94,7 @@ def test_steady_demand_bursts_and_qd1_under_way_at_start_are_not_flagged(tmp_pat
         "bursty": lab_volume(size=64 * MIB, read_latency=0.001, iops_limit=300),
         "qd1": lab_volume(size=64 * MIB, read_latency=0.002, write_latency=0.002),
     }
-    qd1 = fio_load(
-        volumes["qd1"].device,
-        "--ioengine=sync",
-        "--iodepth=1",
-        "--rw=randwrite",
-        "--bs=8k",
-        "--offset=1M",
-        "--size=60M",
-        runtime=90,
-    )
+    qd1 = qd1_writer(volumes["qd1"].device, runtime=90)
     stop = threading.Event()
     # Bursts that touch the cap for a few seconds at a time.
     burster = threading.Thread(target=run_bursts, args=(volumes["bursty"].device, stop, 11, (16,), "randread"))
