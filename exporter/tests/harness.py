@@ -217,6 +217,17 @@ class RunningExporter:
             time.sleep(0.25)
         raise AssertionError(f"timed out waiting for {what}; log:\n{self.log()[-3000:]}")
 
+    def reload(self, config: Path, text: str) -> None:
+        """Write `text` to the config file, send SIGHUP and wait until the log says it was applied."""
+        reloads, rejections = self.log().count("configuration reloaded"), self.log().count("rejected")
+        config.write_text(text)
+        self.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while self.log().count("configuration reloaded") == reloads:
+            assert self.log().count("rejected") == rejections, self.log()[-2000:]
+            assert time.monotonic() < deadline, f"no reload in the log:\n{self.log()[-2000:]}"
+            time.sleep(0.05)
+
     def cpu_seconds(self) -> float:
         """User + system CPU time of the process so far."""
         fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -36,3 +36,41 @@ def test_a_disabled_collector_is_neither_run_nor_reported(make_loop, start_expor
     # Everything exported is declared once in volprobe.metrics.
     assert exported <= metrics.series_names()
     assert exporter.stop() == 0
+
+
+def histogram_layout(samples) -> dict[tuple[str, ...], int]:
+    """{(op, touch or '') : number of buckets} of the latency histogram."""
+    layout: dict[tuple[str, ...], int] = {}
+    for labels, _ in samples["volprobe_probe_latency_seconds_bucket"]:
+        key = (labels["op"], labels.get("touch", ""))
+        layout[key] = layout.get(key, 0) + 1
+    return layout
+
+
+@pytest.mark.root
+def test_the_legacy_histogram_layout_is_one_reload_away_and_restarts_no_probe(tmp_path, make_loop, start_exporter):
+    """The default histogram has 26 buckets and no touch label; `buckets: legacy` and `histogram_by_touch`
+    bring back the first layout (45 buckets per touch) for queries written against it."""
+    loop = make_loop(16 * MIB)
+    config = tmp_path / "volprobe.yml"
+    probes = "[{op: read, interval: 50ms}, {op: write, interval: 50ms}]"
+    targets = f"targets: [{{name: t, device: {loop}, allow_raw_writes: true, probes: {probes}}}]\n"
+    config.write_text(targets)
+    exporter = start_exporter("--config", str(config))
+    samples = exporter.wait_for(lambda s: "volprobe_probe_latency_seconds_count" in s, what="probes")
+    assert histogram_layout(samples) == {("read", ""): 27, ("write", ""): 27}
+
+    before = exporter.metrics()["volprobe_probe_latency_seconds_count"]
+    exporter.reload(config, "defaults: {histogram_by_touch: true}\n" + targets)
+    samples = exporter.wait_for(lambda s: ("read", "first") in histogram_layout(s), what="the touch split")
+    assert histogram_layout(samples) == {(op, t): 27 for op in ("read", "write") for t in ("first", "repeat")}
+    # Same probes: the per-touch counts add up to at least what the combined histogram had counted.
+    counts = samples["volprobe_probe_latency_seconds_count"]
+    for op in ("read", "write"):
+        combined = next(v for labels, v in before if labels["op"] == op)
+        assert sum(v for labels, v in counts if labels["op"] == op) >= combined
+
+    exporter.reload(config, "defaults: {histogram_by_touch: true, buckets: legacy}\n" + targets)
+    samples = exporter.wait_for(lambda s: max(histogram_layout(s).values()) == 46, what="the legacy buckets")
+    assert set(histogram_layout(samples).values()) == {46}
+    assert exporter.stop() == 0

@@ -108,7 +108,7 @@ def blocks(volume, op: str, block_size: int, since: int = 0) -> set[int]:
 def first_count(samples, target: str) -> float:
     return sum(
         v
-        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
+        for labels, v in samples.get("volprobe_probe_latency_recent_seconds_count", [])
         if labels["target"] == target and labels["touch"] == "first"
     )
 

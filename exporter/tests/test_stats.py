@@ -1,5 +1,6 @@
 """The log-linear histogram's stated error bound, checked against exact quantiles of raw samples."""
 
+import itertools
 import math
 import random
 
@@ -120,18 +121,29 @@ def test_probe_stats_prometheus_buckets_and_summary():
     first = probe.snapshot("first", now)
     assert first.count == 5 and first.buckets[-1] == (math.inf, 5)
     assert dict(first.buckets)[0.002] == 2  # le is inclusive: 1 ms and 2 ms
-    assert dict(first.buckets)[0.07] == 4
+    assert dict(first.buckets)[0.05] == 4
     assert first.sum_seconds == pytest.approx(0.110)
     assert first.quantiles[0] == pytest.approx(0.003, rel=stats.RELATIVE_ERROR)  # p50 of 5 samples: 3rd
     assert first.quantiles[-1] == pytest.approx(0.100, rel=stats.RELATIVE_ERROR)
     assert probe.snapshot("repeat", now).count == 1
 
 
-def test_default_buckets_cover_10us_to_20s_in_at_most_50():
+def _ratios(bounds: tuple[float, ...]) -> dict[float, float]:
+    """Each bound's ratio to the one below it."""
+    return {b: b / a for a, b in itertools.pairwise(bounds)}
+
+
+def test_default_buckets_cover_10us_to_20s_dense_where_volumes_answer():
     assert stats.DEFAULT_BUCKETS[0] == 1e-5 and stats.DEFAULT_BUCKETS[-1] == 20.0
-    assert len(stats.DEFAULT_BUCKETS) <= stats.MAX_BUCKETS
-    ratios = [b / a for a, b in zip(stats.DEFAULT_BUCKETS, stats.DEFAULT_BUCKETS[1:], strict=False)]
-    assert max(ratios) <= 1.5 + 1e-9
+    assert len(stats.DEFAULT_BUCKETS) == 26  # a read and a write probe: half the series of the legacy layout
+    ratios = _ratios(stats.DEFAULT_BUCKETS)
+    assert max(r for b, r in ratios.items() if 1e-4 < b <= 0.01) <= 5 / 3 + 1e-9  # 100 us .. 10 ms
+    assert max(r for b, r in ratios.items() if b <= 0.05) <= 2 + 1e-9  # up to the latency alert's 50 ms
+    assert 0.05 in stats.DEFAULT_BUCKETS and 5.0 in stats.DEFAULT_BUCKETS  # the alert and stall thresholds
+
+
+def test_legacy_buckets_are_the_first_releases():
+    assert len(stats.LEGACY_BUCKETS) == 45 and max(_ratios(stats.LEGACY_BUCKETS).values()) <= 1.5 + 1e-9
 
 
 def test_bucket_validation():

@@ -66,7 +66,7 @@ def run_bursts(device: str, stop: threading.Event, seed: int, depths=(4, 16, 32)
 def probes_ready(samples, names: list[str], count: int = 12) -> bool:
     done = {
         labels["target"]: v
-        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
+        for labels, v in samples.get("volprobe_probe_latency_recent_seconds_count", [])
         if labels["touch"] == "first"
     }
     return all(done.get(name, 0) >= count for name in names)

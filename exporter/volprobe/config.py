@@ -121,6 +121,7 @@ class Config:
     targets: tuple[TargetConfig, ...] = ()
     window: float = 300.0
     buckets: tuple[float, ...] = stats.DEFAULT_BUCKETS
+    histogram_by_touch: bool = False  # the touch label on the histogram too (the layout before 0.2: 2x series)
     diskstats: str = "probed"
     throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
     discovery: DiscoveryConfig | None = None
@@ -272,7 +273,7 @@ _PROBE_PARSERS: dict[str, Callable[[Any], Any]] = {
     "revisit": _ratio,
 }
 _PROBE_DEFAULT_KEYS = ("interval", "jitter", "revisit")  # keys of `defaults:` that apply to every probe
-_DEFAULT_KEYS = {*_PROBE_DEFAULT_KEYS, "window", "buckets", "probe_file_size"}
+_DEFAULT_KEYS = {*_PROBE_DEFAULT_KEYS, "window", "buckets", "histogram_by_touch", "probe_file_size"}
 _TARGET_PARSERS: dict[str, Callable[[Any], Any]] = {
     "name": _name,
     "device": _path,
@@ -428,8 +429,10 @@ def _discovery(check: _Checker, raw: Any, defaults: _Defaults) -> DiscoveryConfi
 
 
 def _buckets(value: Any) -> tuple[float, ...]:
+    if value == "legacy":
+        return stats.LEGACY_BUCKETS
     if not isinstance(value, list):
-        raise ValueError("must be a list of durations, e.g. [100us, 1ms, 10ms]")
+        raise ValueError("must be a list of durations, e.g. [100us, 1ms, 10ms], or legacy")
     return stats.validate_buckets(units.parse_duration(v) for v in value)
 
 
@@ -450,7 +453,9 @@ def parse(document: Any, source: str = "<config>") -> Config:
             "probe_file_size"
         ),
     )
-    settings = check.present(raw_defaults, "defaults", {"window": _positive_duration, "buckets": _buckets})
+    settings = check.present(
+        raw_defaults, "defaults", {"window": _positive_duration, "buckets": _buckets, "histogram_by_touch": _bool}
+    )
     settings.update(
         check.present(top, "", {"diskstats": _choice(DISKSTATS_SCOPES), "state_directory": _path}),
     )

@@ -1,20 +1,23 @@
 """The Prometheus text format (0.0.4), byte for byte as prometheus_client's generate_latest writes it, faster.
 
-generate_latest validates and escapes every label name of every sample; with 64 targets that is most of a
-scrape's CPU (about 17,000 samples, 380,000 label names). Here names are checked once per name (they are
-declared, so always valid), and a label value is escaped only when it holds a character that needs it. A
-family whose names are not in the legacy character set is left to generate_latest, so the output never
-differs (a test compares the two on the real exporter's registry).
+generate_latest validates, sorts and escapes every label of every sample on every scrape; with 64 targets that
+was most of a scrape's CPU. Here a series' `name{labels}` text is rendered once and remembered: collectors
+whose series live as long as a probe hold them as Series and fill a SeriesFamily, whose lines are written as
+they are; other families' series texts are remembered here. A family whose names are not in the legacy
+character set is left to generate_latest, so the output never differs (a test compares the two on the real
+exporter's registry).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -22,6 +25,9 @@ _LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _NEEDS_ESCAPE = re.compile(r'[\\\n"]')
 _TYPES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
+_CACHE_LIMIT = 65536
+_SERIES: dict[tuple, str] = {}
+_NUMBERS: dict[float, str] = {}
 
 
 class _One(Collector):
@@ -38,6 +44,52 @@ def _value(text: str) -> str:
     return text
 
 
+def _series_text(name: str, labels: dict[str, str]) -> str:
+    pairs = ",".join(f'{k}="{_value(v)}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{pairs}}}" if labels else name
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One series: its sample name, its labels, and its text in the exposition, rendered once."""
+
+    name: str
+    labels: dict[str, str]
+    text: str
+
+
+def series(name: str, labels: dict[str, str]) -> Series:
+    """A Series for a declared name and labels (legacy names only: volprobe.metrics declares no other)."""
+    if not _LEGACY_NAME.fullmatch(name) or not all(_LEGACY_LABEL.fullmatch(k) for k in labels):
+        raise ValueError(f"{name} {sorted(labels)}: not a legacy metric or label name")
+    return Series(name, labels, _series_text(name, labels))
+
+
+class SeriesFamily(Metric):
+    """A family filled from Series, written by generate_text without looking at a label again. Its samples
+    are made when something else reads them (generate_latest, the OpenMetrics encoder), so it reads as any
+    other family."""
+
+    def __init__(self, name: str, documentation: str, typ: str) -> None:
+        self.rows: list[tuple[Series, float]] = []
+        super().__init__(name, documentation, typ)
+
+    def add(self, one: Series, value: float) -> None:
+        self.rows.append((one, value))
+
+    @property  # type: ignore[override]
+    def samples(self) -> list[Sample]:
+        return [Sample(one.name, one.labels, value, None, None) for one, value in self.rows]
+
+    @samples.setter
+    def samples(self, value: list[Sample]) -> None:
+        if value:  # Metric.__init__ sets it to []; anything else would be lost
+            raise AttributeError("a SeriesFamily is filled with add()")
+
+    def lines(self) -> list[str]:
+        return [f"{one.text} {_number(value)}\n" for one, value in self.rows]
+
+
 def _legacy(metric: Metric) -> bool:
     if not _LEGACY_NAME.fullmatch(metric.name):
         return False
@@ -46,21 +98,45 @@ def _legacy(metric: Metric) -> bool:
     return all(_LEGACY_NAME.fullmatch(n) for n in names) and all(_LEGACY_LABEL.fullmatch(label) for label in labels)
 
 
+def _series(name: str, labels: dict[str, str]) -> str:
+    """`name{a="x",b="y"}`, labels sorted; remembered, since a series keeps its labels from scrape to scrape."""
+    key = (name, *labels.items())
+    text = _SERIES.get(key)
+    if text is None:
+        if len(_SERIES) >= _CACHE_LIMIT:  # series come and go (targets, errnos): start afresh rather than grow
+            _SERIES.clear()
+        text = _SERIES[key] = _series_text(name, labels)
+    return text
+
+
+def _number(value: float) -> str:
+    text = _NUMBERS.get(value)
+    if text is None:
+        text = floatToGoString(value)
+        # Counts and bounds repeat; zero is not kept (-0.0 == 0.0 would share its text), nor NaN (never equal).
+        if value and value == value and len(_NUMBERS) < _CACHE_LIMIT // 8:
+            _NUMBERS[value] = text
+    return text
+
+
 def _family(metric: Metric) -> list[str]:
     name = metric.name + ("_total" if metric.type == "counter" else "_info" if metric.type == "info" else "")
     help_text = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
     out = [f"# HELP {name} {help_text}\n", f"# TYPE {name} {_TYPES.get(metric.type, metric.type)}\n"]
+    if isinstance(metric, SeriesFamily):
+        out.extend(metric.lines())
+        return out
     om: dict[str, list[str]] = {}
+    om_names = {metric.name + suffix: suffix for suffix in _OM_SUFFIXES}
     for sample in metric.samples:
         if sample.labels:
-            labels = ",".join(f'{k}="{_value(v)}"' for k, v in sorted(sample.labels.items()))
-            line = f"{sample.name}{{{labels}}} {floatToGoString(sample.value)}"
+            line = f"{_series(sample.name, sample.labels)} {_number(sample.value)}"
         else:
-            line = f"{sample.name} {floatToGoString(sample.value)}"
+            line = f"{sample.name} {_number(sample.value)}"
         if sample.timestamp is not None:
             line += f" {int(float(sample.timestamp) * 1000):d}"
         line += "\n"
-        suffix = next((s for s in _OM_SUFFIXES if sample.name == metric.name + s), None)
+        suffix = om_names.get(sample.name)
         if suffix is None:
             out.append(line)
         else:
@@ -76,7 +152,7 @@ def generate_text(registry: Collector) -> bytes:
     """What generate_latest(registry) returns, for the default (underscores) escaping."""
     output: list[str] = []
     for metric in registry.collect():
-        if _legacy(metric):
+        if isinstance(metric, SeriesFamily) or _legacy(metric):
             output.extend(_family(metric))
         else:
             output.append(generate_latest(_One(metric)).decode("utf-8"))

@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 
 from . import diskstats
+from .exposition import Series, SeriesFamily, series
 
 _FAMILIES = {
     "counter": CounterMetricFamily,
@@ -38,6 +39,17 @@ class MetricSpec:
     def family(self) -> Metric:
         """A fresh, empty family for one scrape."""
         return _FAMILIES[self.kind](self.name, self.help, labels=list(self.labels))
+
+    def series_family(self) -> SeriesFamily:
+        """A fresh, empty family for one scrape, filled from Series made by series()."""
+        return SeriesFamily(self.name, self.help, self.kind)
+
+    def series(self, sample_name: str, labels: dict[str, str]) -> Series:
+        """One of this family's series, rendered once, for a collector to keep as long as its labels hold."""
+        extra = {"histogram": {"le"}, "summary": {"quantile"}}.get(self.kind, set())
+        if not set(self.labels) <= set(labels) <= {*self.labels, *extra} or sample_name not in self.series_names():
+            raise ValueError(f"{sample_name} {sorted(labels)} is not a series of {self.name} {self.labels}")
+        return series(sample_name, labels)
 
     @property
     def total(self) -> str:
@@ -112,8 +124,11 @@ PROBE_LATENCY = MetricSpec(
     "volprobe_probe_latency_seconds",
     "histogram",
     "Latency of queue-depth-1 direct I/O probes, timed around the syscall alone.",
-    PROBE_TOUCH,
+    PROBE,
 )
+# The same family with the touch label, as it was before the split moved to the recent summary alone
+# (defaults.histogram_by_touch: true); every rule and panel sums over touch, so both layouts serve them.
+PROBE_LATENCY_BY_TOUCH = MetricSpec(PROBE_LATENCY.name, PROBE_LATENCY.kind, PROBE_LATENCY.help, PROBE_TOUCH)
 PROBE_LATENCY_RECENT = MetricSpec(
     "volprobe_probe_latency_recent_seconds",
     "summary",
