@@ -102,9 +102,11 @@ def start_exporter(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
     """start_exporter(*args) runs `volprobe *args` on a free loopback port until /-/ready answers."""
     running: list[RunningExporter] = []
 
-    def start(*args: str, ready_timeout: float = 30.0, tls: bool = False) -> RunningExporter:
+    def start(
+        *args: str, ready_timeout: float = 30.0, tls: bool = False, env: dict[str, str] | None = None
+    ) -> RunningExporter:
         log_path = tmp_path / f"exporter-{len(running)}.log"
-        exporter = harness.start_volprobe(*args, log_path=log_path, ready_timeout=ready_timeout, tls=tls)
+        exporter = harness.start_volprobe(*args, log_path=log_path, ready_timeout=ready_timeout, tls=tls, env=env)
         running.append(exporter)
         return exporter
 

@@ -260,9 +260,12 @@ class RunningExporter:
             self.log_file.close()
 
 
-def start_volprobe(*args: str, log_path: Path, ready_timeout: float = 30.0, tls: bool = False) -> RunningExporter:
+def start_volprobe(
+    *args: str, log_path: Path, ready_timeout: float = 30.0, tls: bool = False, env: dict[str, str] | None = None
+) -> RunningExporter:
     """Run `volprobe ARGS` on a free loopback port (output to `log_path`) until /-/ready answers; with tls,
-    until the port accepts connections (readiness over plain HTTP is not possible)."""
+    until the port accepts connections (readiness over plain HTTP is not possible). `env` adds to the
+    environment."""
     port = free_port()
     log_file = open(log_path, "w")  # noqa: SIM115 - closed by stop() or kill()
     process = subprocess.Popen(
@@ -270,6 +273,7 @@ def start_volprobe(*args: str, log_path: Path, ready_timeout: float = 30.0, tls:
         stdout=log_file,
         stderr=subprocess.STDOUT,
         cwd=REPO,
+        env={**os.environ, **(env or {})},
     )
     exporter = RunningExporter(process, port, Path(log_path), log_file)
     deadline = time.monotonic() + ready_timeout

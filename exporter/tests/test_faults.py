@@ -22,6 +22,9 @@ def count(samples, target: str, op: str = "read") -> float:
     )
 
 
+STALL_S = 60.0
+
+
 @pytest.mark.slow
 def test_a_stalled_device_blocks_neither_metrics_nor_other_targets(tmp_path, lab_volume, make_loop, start_exporter):
     stalling = lab_volume(size=64 * MIB, read_latency=0.0005)
@@ -42,15 +45,16 @@ targets:
     time.sleep(0.5)
     healthy_before = count(exporter.metrics(), "healthy")
     slowest = 0.0
-    for _ in range(12):  # six seconds of scrapes while a probe hangs in the kernel
+    while time.monotonic() - stall_started < STALL_S:  # scrapes every half second while a probe hangs
         start = time.monotonic()
         samples = exporter.metrics()
         slowest = max(slowest, time.monotonic() - start)
+        # The in-flight age follows the stall: the hung probe was issued at most one slot after it began.
+        age = sample_value(samples, "volprobe_probe_inflight_seconds", target="stalling", op="read")
+        assert start - stall_started - 1.0 <= age <= time.monotonic() - stall_started, age
         time.sleep(0.5)
     assert slowest < 1.0, f"a scrape took {slowest:.2f}s while a device was stalled"
-    age = sample_value(samples, "volprobe_probe_inflight_seconds", target="stalling", op="read")
-    assert age > 5, age
-    assert count(samples, "healthy") > healthy_before + 30, "the healthy target kept probing"
+    assert count(samples, "healthy") > healthy_before + 0.8 * (STALL_S - 1) / 0.1, "the healthy target kept its pace"
     stalled_count = count(samples, "stalling")
     stalling.set(stall=False)
     stalled_for = time.monotonic() - stall_started
@@ -76,7 +80,7 @@ targets:
     assert 5.0 < slowest <= (stalled_for + 0.5) * (1 + RELATIVE_ERROR), (
         f"{slowest:.2f} s for a {stalled_for:.1f} s stall"
     )
-    assert sample_value(samples, "volprobe_probe_missed_total", target="stalling") >= 40
+    assert sample_value(samples, "volprobe_probe_missed_total", target="stalling") >= 0.8 * STALL_S / 0.1
     # No burst replays the missed slots: after the release, probes go on at their own pace (10/s).
     resumed, started = count(samples, "stalling"), time.monotonic()
     time.sleep(2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -136,3 +137,67 @@ def test_a_reload_onto_a_full_filesystem_is_rejected_and_the_rest_keeps_serving(
     done = count(samples, "a", "read")
     exporter.wait_for(lambda s: count(s, "a", "read") > done + 5, what="the running target to keep probing")
     assert exporter.stop() == 0
+
+
+def fill_when_created(directory: str, stop_after: float = 60.0) -> None:
+    """As soon as a probe file's temporary appears in `directory`, take all the space left (what a log or a
+    database growing at the same moment would do): the creation, past its free-space check, meets ENOSPC."""
+    deadline = time.monotonic() + stop_after
+    while not any(".tmp." in name for name in os.listdir(directory)):
+        assert time.monotonic() < deadline, "no probe file creation started"
+        time.sleep(0.001)
+    with open(os.path.join(directory, "grower"), "wb") as f:
+        vfs = os.statvfs(directory)
+        size = vfs.f_bavail * vfs.f_frsize
+        while size > 0:
+            try:
+                os.posix_fallocate(f.fileno(), 0, size)
+                break
+            except OSError:
+                size -= MIB
+        chunk = b"\1" * 4096
+        try:
+            while True:  # whatever fallocate left
+                f.write(chunk)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_enospc_in_the_middle_of_making_a_probe_file_is_rejected_cleanly_then_recovers(
+    tmp_path, make_loop, mount_fs, start_exporter
+):
+    """ENOSPC after the free-space check, half-way through the probe file: the reload is rejected naming the
+    key, the half-made file is removed, no other file is touched, the running target keeps probing; once
+    space is freed, the next reload makes a whole probe file and write probes run."""
+    loop, data = make_loop(16 * MIB), mount_fs(make_loop(256 * MIB))
+    precious = os.path.join(data, "precious.db")
+    Path(precious).write_bytes(os.urandom(4 * MIB))
+    digest = run("sha256sum", precious).stdout.split()[0]
+    good = f"targets:\n  - {{name: a, device: {loop}, probes: [{{op: read, interval: 50ms}}]}}\n"
+    grown = good + f"  - {{name: grown, directory: {data}, probe_file_size: 160MiB}}\n"
+    config = tmp_path / "volprobe.yml"
+    config.write_text(good)
+    exporter = start_exporter("--config", str(config))
+    exporter.wait_for(lambda s: count(s, "a", "read") >= 5, what="reads")
+
+    filler = threading.Thread(target=fill_when_created, args=(data,))
+    filler.start()
+    config.write_text(grown)
+    exporter.process.send_signal(signal.SIGHUP)
+    samples = exporter.wait_for(
+        lambda s: sample_value(s, "volprobe_config_last_reload_successful") == 0, what="the rejected reload"
+    )
+    filler.join(60)
+    assert "targets[1].directory: cannot prepare the probe file: [Errno 28] No space left on device" in exporter.log()
+    assert not [name for name in os.listdir(data) if name.startswith(".volprobe-probe")], os.listdir(data)
+    done = count(samples, "a", "read")
+    exporter.wait_for(lambda s: count(s, "a", "read") > done + 5, what="the running target to keep probing")
+
+    os.unlink(os.path.join(data, "grower"))
+    exporter.reload(config, grown)
+    exporter.wait_for(lambda s: count(s, "grown", "write") >= 5, timeout=60, what="write probes in the new file")
+    assert os.path.getsize(os.path.join(data, ".volprobe-probe")) == 160 * MIB
+    assert sample_value(exporter.metrics(), "volprobe_config_last_reload_successful") == 1
+    assert exporter.stop() == 0
+    assert run("sha256sum", precious).stdout.split()[0] == digest

@@ -69,6 +69,16 @@ def test_a_corrupt_or_foreign_state_is_set_aside_not_overwritten(tmp_path):
     assert list(tmp_path.glob(path.name + ".foreign-*"))
 
 
+def test_set_aside_files_never_replace_one_another(tmp_path):
+    """Three corrupt states found within a second (or after the clock stepped back) are all kept."""
+    path = tmp_path / state.VolumeIdentity.of(LOOP).file_name()
+    for n in range(3):
+        path.write_text(f"{{corrupt {n}")
+        assert state.VolumeState(str(tmp_path), state.VolumeIdentity.of(LOOP)).status == "corrupt"
+    kept = sorted(p.read_text() for p in tmp_path.glob(path.name + ".corrupt-*"))
+    assert kept == ["{corrupt 0", "{corrupt 1", "{corrupt 2"]
+
+
 def test_an_unwritable_state_directory_keeps_the_run_going_with_the_same_key(tmp_path):
     missing = str(tmp_path / "gone")  # cannot be written: as a read-only or full filesystem
     cursor = state.ProbeCursor(state.StateStore(missing).volume(LOOP), "read", key=7, reserve=10)

@@ -20,6 +20,7 @@ carry on in memory as if there were no state.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -116,10 +117,8 @@ class VolumeState:
     def _set_aside(self, status: str, why: str) -> None:
         """Keep the bad file for a human to look at, and start afresh."""
         assert self.path is not None
-        aside = f"{self.path}.{status}-{int(time.time())}"
         try:
-            os.replace(self.path, aside)
-            where = f"moved to {aside}"
+            where = f"moved to {move_aside(self.path, status)}"
         except OSError as err:
             where = f"could not be moved aside ({err.strerror}); it will be replaced"
         self.found, self.problem = status, why
@@ -200,6 +199,21 @@ def state_directory(configured: str | None) -> str | None:
         if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK):
             return candidate
     return None
+
+
+def move_aside(path: str, status: str) -> str:
+    """Rename `path` to `path.STATUS-UNIXTIME`, never over an earlier one (two in a second, or the clock stepped
+    back): a set-aside file is evidence."""
+    stem = f"{path}.{status}-{int(time.time())}"
+    for n in itertools.count():
+        aside = stem if n == 0 else f"{stem}.{n}"
+        try:
+            os.link(path, aside)  # fails if `aside` exists, where rename would replace it
+        except FileExistsError:
+            continue
+        os.unlink(path)
+        return aside
+    raise AssertionError("unreachable")
 
 
 class StateStore:

@@ -1,0 +1,84 @@
+"""The wall clock stepped under a running exporter, as NTP steps it (issue 13): probes keep their pace, nothing
+goes negative, state written in the clock's "future" is still resumed.
+
+A small LD_PRELOAD shim (clockstep/clockstep.c) steps CLOCK_REALTIME of the exporter's process alone; the
+machine's clock is left as it is. As with NTP, the monotonic clock (which schedules and times the probes) and
+sleeps are not touched; libfaketime cannot be used for this, as it shifts absolute monotonic sleeps too.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from .harness import MIB, run, sample_value
+
+pytestmark = pytest.mark.root
+
+SHIM = Path(__file__).parent / "clockstep" / "clockstep.c"
+INTERVAL = 0.05
+
+
+@pytest.fixture
+def clock_shim(tmp_path) -> Path:
+    library = tmp_path / "clockstep.so"
+    run("cc", "-shared", "-fPIC", "-O2", "-o", str(library), str(SHIM), "-ldl")
+    return library
+
+
+def probes(samples, op: str) -> float:
+    return sample_value(samples, "volprobe_probe_latency_seconds_count", target="t", op=op) or 0
+
+
+def missed(samples) -> float:
+    return sum(v for labels, v in samples.get("volprobe_probe_missed_total", []) if labels["target"] == "t")
+
+
+def test_the_wall_clock_stepped_back_and_forward(tmp_path, make_loop, start_exporter, clock_shim):
+    loop = make_loop(64 * MIB)
+    states = tmp_path / "state"
+    states.mkdir()
+    config = tmp_path / "volprobe.yml"
+    text = (
+        f"state_directory: {states}\n"
+        f"targets: [{{name: t, device: {loop}, allow_raw_writes: true, "
+        f"probes: [{{op: read, interval: {INTERVAL}s}}, {{op: write, interval: {INTERVAL}s}}]}}]\n"
+    )
+    config.write_text(text)
+    offset = tmp_path / "offset"
+    offset.write_text("0\n")
+    env = {"LD_PRELOAD": str(clock_shim), "CLOCKSTEP_FILE": str(offset)}
+    exporter = start_exporter("--config", str(config), env=env)
+    exporter.wait_for(lambda s: probes(s, "write") >= 20, what="probes")
+
+    for seconds in (-3600, 3600):  # back an hour, then an hour ahead of the real time
+        before, started = exporter.metrics(), time.monotonic()
+        offset.write_text(f"{seconds}\n")
+        exporter.reload(config, text)  # stamps volprobe_config_last_reload_success_timestamp_seconds
+        stamped = sample_value(exporter.metrics(), "volprobe_config_last_reload_success_timestamp_seconds")
+        assert abs(stamped - (time.time() + seconds)) < 30, "the exporter's wall clock did not move"
+        time.sleep(3)
+        after, elapsed = exporter.metrics(), time.monotonic() - started
+        for op in ("read", "write"):
+            done = probes(after, op) - probes(before, op)
+            assert 0.5 * elapsed / INTERVAL <= done <= elapsed / INTERVAL + 5, f"{op}: {done} probes in {elapsed:.1f}s"
+        assert missed(after) - missed(before) <= 0.05 * 2 * elapsed / INTERVAL, "slots missed on a clock step"
+        for labels, age in after["volprobe_probe_inflight_seconds"]:
+            assert 0 <= age < 1, (labels, age)
+        [(_, age)] = after["volprobe_state_age_seconds"]
+        assert age >= 0
+        assert sample_value(after, "volprobe_scrape_collector_success", collector="throttle") == 1
+
+    # Stopped with the clock an hour ahead (the state says it was saved then), started with it an hour behind:
+    # the state is resumed, not taken for corrupt, and its age is not negative.
+    assert exporter.stop() == 0
+    offset.write_text("-3600\n")
+    again = start_exporter("--config", str(config), env=env)
+    samples = again.wait_for(lambda s: probes(s, "write") >= 5, what="probes after the restart")
+    assert sample_value(samples, "volprobe_state_status", status="ok") == 1, samples["volprobe_state_status"]
+    [(_, age)] = samples["volprobe_state_age_seconds"]
+    assert age >= 0
+    assert not list(states.glob("*.corrupt-*")) and not list(states.glob("*.foreign-*"))
+    assert again.stop() == 0
