@@ -135,9 +135,11 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, Python {platform.python_version()}"
 
 
-def write_section(name: str, body: str) -> None:
-    """Replace (or append) the `<!-- bench:NAME -->` section of BENCHMARKS.md."""
+def write_section(name: str, body: str, section: str | None = None) -> None:
+    """Replace (or append) the `<!-- bench:SECTION -->` section of BENCHMARKS.md (SECTION: NAME unless one
+    script writes several, one per mode)."""
     command = "bench/" + name + (" " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
+    name = section or name
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     section = (
         f"<!-- bench:{name} -->\n## {name}\n\nMade by `sudo {command}` on {stamp}; {machine()}.\n\n"
