@@ -52,3 +52,11 @@ def test_malformed_lines_are_skipped_not_fatal():
     assert "sda" in diskstats.parse(text)
     with pytest.raises(ValueError):
         diskstats.parse_line("8 0 sda 1 2 3")
+
+
+def test_only_the_named_devices_are_parsed():
+    text = (DIR / "linux-3.10-centos7.txt").read_text()
+    everything = diskstats.parse(text)
+    chosen = diskstats.parse(text, {"sdb", "sda1", "nonesuch"})
+    assert chosen == {name: everything[name] for name in ("sda1", "sdb")}
+    assert diskstats.parse("garbage\n" + text, set()) == {}

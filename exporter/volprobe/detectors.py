@@ -314,7 +314,7 @@ class ThrottleDetector:
         The callbacks into the exporter (its devices, their probes' unloaded latency, limits and completions,
         and the verdict changes) run outside this detector's lock, so a scrape never waits behind them."""
         wanted = self.devices()
-        stats = diskstats.read(self.proc_root)
+        stats = diskstats.read(self.proc_root, wanted)
         inputs = {
             name: (
                 {d: self.unloaded_latency(name, d) for d in DIRECTIONS},

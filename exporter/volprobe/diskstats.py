@@ -6,6 +6,7 @@ fields (5.5+). Fields a kernel does not print are None, so they are not exported
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,12 +53,17 @@ def parse_line(line: str) -> DiskStats:
     return DiskStats(int(parts[0]), int(parts[1]), parts[2], *values)
 
 
-def parse(text: str) -> dict[str, DiskStats]:
-    """All devices of a diskstats text, by kernel name. Malformed lines are skipped, not fatal."""
+def parse(text: str, names: Collection[str] | None = None) -> dict[str, DiskStats]:
+    """The devices of a diskstats text (those in `names`, or all), by kernel name. Malformed lines are skipped,
+    not fatal."""
     result: dict[str, DiskStats] = {}
     for line in text.splitlines():
         if not line.strip():
             continue
+        if names is not None:  # the detector samples every second: parse only the lines it watches
+            head = line.split(maxsplit=3)
+            if len(head) < 3 or head[2] not in names:
+                continue
         try:
             stats = parse_line(line)
         except ValueError:
@@ -66,5 +72,5 @@ def parse(text: str) -> dict[str, DiskStats]:
     return result
 
 
-def read(proc_root: str | Path = "/proc") -> dict[str, DiskStats]:
-    return parse((Path(proc_root) / "diskstats").read_text())
+def read(proc_root: str | Path = "/proc", names: Collection[str] | None = None) -> dict[str, DiskStats]:
+    return parse((Path(proc_root) / "diskstats").read_text(), names)

@@ -16,8 +16,8 @@ class DiskstatsCollector:
 
     def collect(self) -> list[Metric]:
         wanted = None if self.exporter.config.diskstats == "all" else self.exporter.probed_devices()
-        stats = diskstats.read(self.proc_root)
-        names = sorted(name for name in stats if wanted is None or name in wanted)
+        stats = diskstats.read(self.proc_root, wanted)
+        names = sorted(stats)
         families = []
         for disk in metrics.DISK_METRICS:
             family = disk.spec.family()
