@@ -431,7 +431,9 @@ class ThrottleDetector:
             state.checks[verdict] = state.checks.get(verdict, 0) + 1
 
     def snapshot(self) -> dict[str, DeviceState]:
-        """Copies of the per-device verdicts and counters, for scrapes."""
+        """Copies of the per-device verdicts and counters, for scrapes: of the devices watched now (a device
+        whose target went away leaves the exposition with it, not at the next sample)."""
+        wanted = self.devices()  # outside the lock: a callback into the exporter
         with self._lock:
             return {
                 name: replace(
@@ -446,6 +448,7 @@ class ThrottleDetector:
                     unloaded=dict(s.unloaded),
                 )
                 for name, s in self._states.items()
+                if name in wanted
             }
 
     def probe_share(self, name: str) -> float | None:
