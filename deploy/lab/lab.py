@@ -58,6 +58,32 @@ def parse_size(text: str) -> int:
     return int(float(number) * _SIZE_UNITS[unit])
 
 
+FIRST_LOOP = int(os.environ.get("VOLPROBE_TEST_FIRST_LOOP", "0"))  # 0: the lowest free, as losetup --find
+
+
+def free_loop() -> str:
+    """The loop device the next attach should take: the lowest free, or with $VOLPROBE_TEST_FIRST_LOOP the first
+    free from that number (clear of the numbers something else running here is about to attach)."""
+    if not FIRST_LOOP:
+        return _run("losetup", "--find").stdout.strip()
+    for number in range(FIRST_LOOP, FIRST_LOOP + 256):
+        if not Path(f"/sys/block/loop{number}/loop").exists():  # not bound
+            return f"/dev/loop{number}"
+    raise RuntimeError(f"no free loop device from /dev/loop{FIRST_LOOP}")
+
+
+def attach_loop(options: list[str], backing: str | Path) -> str:
+    """Attach `backing` to a free loop device (see free_loop) and return it; retried if another attach took the
+    device in between."""
+    if not FIRST_LOOP:
+        return _run("losetup", "--find", "--show", *options, str(backing)).stdout.strip()
+    for _ in range(10):
+        device = free_loop()
+        if _run("losetup", *options, device, str(backing), check=False).returncode == 0:
+            return device
+    raise RuntimeError(f"could not attach {backing} to a loop device from /dev/loop{FIRST_LOOP}")
+
+
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, check=check)
 
@@ -285,7 +311,7 @@ def up(
             str(volume.dir / "nbd.sock"),
         )
         state["nbdfuse_pid"] = _wait_for_pid(volume.dir / "nbdfuse.pid", "nbdfuse", volume.dir / "nbdfuse.log")
-        state["device"] = _run("losetup", "--find", "--show", "--direct-io=on", str(volume.backing)).stdout.strip()
+        state["device"] = attach_loop(["--direct-io=on"], volume.backing)
         (volume.dir / "state.json").write_text(json.dumps(state))
         overhead_read, overhead_write = _calibrate(volume) if calibrate else (0.0, 0.0)
         state.update(overhead_read=overhead_read, overhead_write=overhead_write)

@@ -100,6 +100,16 @@ def stop_fio(process: subprocess.Popen) -> None:
 # -- block devices (root) ------------------------------------------------------------------------------
 
 
+def attach_loop(options: list[str], backing: str | Path) -> str:
+    """Attach `backing` to a free loop device (the lowest, or from $VOLPROBE_TEST_FIRST_LOOP: lab.free_loop)."""
+    return lab.attach_loop(options, backing)
+
+
+def free_loop() -> str:
+    """The name the next attach would take, for tests that attach a device by name later."""
+    return lab.free_loop()
+
+
 @contextlib.contextmanager
 def loop_device(
     backing: str | Path, size: int = 64 * MIB, direct_io: bool = True, sector_size: int | None = None
@@ -110,7 +120,7 @@ def loop_device(
     options = ["--direct-io=on" if direct_io else "--direct-io=off"]
     if sector_size:
         options += ["--sector-size", str(sector_size)]
-    device = run("losetup", "--find", "--show", *options, str(backing)).stdout.strip()
+    device = attach_loop(options, backing)
     try:
         yield device
     finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MIB, run
+from .harness import MIB, free_loop, run
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -51,7 +51,7 @@ def test_a_hundred_reloads_and_attach_detach_cycles_leave_nothing_behind(tmp_pat
     backing = tmp_path / "hotplug.img"
     backing.write_bytes(b"")
     os.truncate(backing, 16 * MIB)
-    hotplug = run("losetup", "--find").stdout.strip()
+    hotplug = free_loop()
     pattern = "|".join([*found, os.path.basename(hotplug)])
     targets = "".join(
         f"  - {{name: e{i}, device: {loop}, probes: [{{op: read, interval: 100ms}}]}}\n"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
+import weakref
 
 import pytest
 
-from volprobe import collectors, metrics
+from volprobe import collectors, config, metrics, stats
+from volprobe.collectors import probe as probe_collector
 
 from .harness import MIB, volprobe_command
 
@@ -48,9 +51,10 @@ def histogram_layout(samples) -> dict[tuple[str, ...], int]:
 
 
 @pytest.mark.root
-def test_the_legacy_histogram_layout_is_one_reload_away_and_restarts_no_probe(tmp_path, make_loop, start_exporter):
+def test_the_legacy_histogram_layout_is_one_reload_away(tmp_path, make_loop, start_exporter):
     """The default histogram has 26 buckets and no touch label; `buckets: legacy` and `histogram_by_touch`
-    bring back the first layout (45 buckets per touch) for queries written against it."""
+    bring back the first layout (45 buckets per touch) for queries written against it. Turning the touch split
+    on restarts no probe (the counts go on); changing the buckets restarts them all, by design."""
     loop = make_loop(16 * MIB)
     config = tmp_path / "volprobe.yml"
     probes = "[{op: read, interval: 50ms}, {op: write, interval: 50ms}]"
@@ -74,3 +78,24 @@ def test_the_legacy_histogram_layout_is_one_reload_away_and_restarts_no_probe(tm
     samples = exporter.wait_for(lambda s: max(histogram_layout(s).values()) == 46, what="the legacy buckets")
     assert set(histogram_layout(samples).values()) == {46}
     assert exporter.stop() == 0
+
+
+class FakeRunning:
+    """What ProbeSeries reads of a running probe (labels, spec, buckets): enough to render its series."""
+
+    labels = {"target": "t", "device": "loop9", "op": "read"}
+    spec = config.ProbeConfig("read")
+    stats = stats.ProbeStats(60.0)
+
+
+def test_a_probes_series_go_with_it():
+    """Rendered series are kept by the probe's own entry only: a probe stopped by a reload or a detach is freed
+    (an errno's series was once memoised on the class, which kept every probe ever scraped)."""
+    running = FakeRunning()
+    rendered = probe_collector.ProbeSeries(running)
+    assert rendered.error("EIO") is rendered.error("EIO")
+    assert 'errno="EIO"' in rendered.error("EIO").text
+    gone = weakref.ref(running)
+    del running, rendered
+    gc.collect()
+    assert gone() is None

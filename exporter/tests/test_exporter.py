@@ -14,7 +14,7 @@ import pytest
 from volprobe import probefile
 from volprobe.config import PROBE_FILE_NAME
 
-from .harness import MIB, run, sample_value, sha256_of, volprobe_command, write_config
+from .harness import MIB, attach_loop, run, sample_value, sha256_of, volprobe_command, write_config
 
 HISTOGRAM_ERROR = 1 / 128  # the recent quantiles' stated bound (their HELP: <=0.78% relative error)
 
@@ -181,7 +181,7 @@ def test_block_size_must_fit_the_logical_block_size(tmp_path):
     backing = tmp_path / "4k.img"
     backing.write_bytes(b"")
     os.truncate(backing, 16 * MIB)
-    loop = run("losetup", "--find", "--show", "--sector-size", "4096", str(backing)).stdout.strip()
+    loop = attach_loop(["--sector-size", "4096"], backing)
     try:
         config = write_config(tmp_path, f"targets: [{{device: {loop}, probes: [{{op: read, block_size: 512}}]}}]")
         result = subprocess.run(volprobe_command("check-config", config), capture_output=True, text=True)

@@ -62,7 +62,7 @@ targets:
     assert sample_value(samples, "volprobe_probe_inflight_seconds", target="stalling", op="read") < 1
 
     # The stalled probe is recorded with its true latency: above 5 s, and no longer than the stall lasted (a loaded
-    # machine stretches the stall beyond the six seconds of scrapes). The slots it held were missed.
+    # machine stretches the stall beyond the scrapes' minute). The slots it held were missed.
     def observed_up_to(bound: float) -> float:
         return sum(
             v

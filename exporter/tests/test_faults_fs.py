@@ -139,9 +139,17 @@ def test_a_reload_onto_a_full_filesystem_is_rejected_and_the_rest_keeps_serving(
     assert exporter.stop() == 0
 
 
-def fill_when_created(directory: str, stop_after: float = 60.0) -> None:
+def fill_when_created(directory: str, problems: list[BaseException], stop_after: float = 60.0) -> None:
     """As soon as a probe file's temporary appears in `directory`, take all the space left (what a log or a
-    database growing at the same moment would do): the creation, past its free-space check, meets ENOSPC."""
+    database growing at the same moment would do): the creation, past its free-space check, meets ENOSPC.
+    Runs in a thread: what goes wrong is kept in `problems` for the test to see."""
+    try:
+        _fill_when_created(directory, stop_after)
+    except BaseException as err:  # handed to the test thread
+        problems.append(err)
+
+
+def _fill_when_created(directory: str, stop_after: float) -> None:
     deadline = time.monotonic() + stop_after
     while not any(".tmp." in name for name in os.listdir(directory)):
         assert time.monotonic() < deadline, "no probe file creation started"
@@ -181,7 +189,8 @@ def test_enospc_in_the_middle_of_making_a_probe_file_is_rejected_cleanly_then_re
     exporter = start_exporter("--config", str(config))
     exporter.wait_for(lambda s: count(s, "a", "read") >= 5, what="reads")
 
-    filler = threading.Thread(target=fill_when_created, args=(data,))
+    problems: list[BaseException] = []
+    filler = threading.Thread(target=fill_when_created, args=(data, problems))
     filler.start()
     config.write_text(grown)
     exporter.process.send_signal(signal.SIGHUP)
@@ -189,6 +198,7 @@ def test_enospc_in_the_middle_of_making_a_probe_file_is_rejected_cleanly_then_re
         lambda s: sample_value(s, "volprobe_config_last_reload_successful") == 0, what="the rejected reload"
     )
     filler.join(60)
+    assert not filler.is_alive() and not problems, problems
     assert "targets[1].directory: cannot prepare the probe file: [Errno 28] No space left on device" in exporter.log()
     assert not [name for name in os.listdir(data) if name.startswith(".volprobe-probe")], os.listdir(data)
     done = count(samples, "a", "read")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MIB, run, sample_value
+from .harness import MIB, attach_loop, run, sample_value
 
 pytestmark = pytest.mark.root
 
@@ -101,7 +101,7 @@ discovery:
     with open(backing, "wb") as f:
         f.truncate(32 * MIB)
     attached = time.monotonic()
-    loop = run("losetup", "--find", "--show", "--direct-io=on", str(backing)).stdout.strip()
+    loop = attach_loop(["--direct-io=on"], backing)
     name = os.path.basename(loop)
     try:
         exporter.wait_for(lambda s: count(s, name) >= 1, timeout=15, what=f"probes of the new {name}")

@@ -119,7 +119,9 @@ def _number(value: float) -> str:
     if text is None:
         text = floatToGoString(value)
         # Counts and bounds repeat; zero is not kept (-0.0 == 0.0 would share its text), nor NaN (never equal).
-        if value and value == value and len(_NUMBERS) < _CACHE_LIMIT // 8:
+        if value and value == value:
+            if len(_NUMBERS) >= _CACHE_LIMIT // 8:  # one-off floats (sums, ages) filled it: start afresh
+                _NUMBERS.clear()
             _NUMBERS[value] = text
     return text
 

@@ -20,6 +20,7 @@ carry on in memory as if there were no state.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import logging
@@ -211,6 +212,13 @@ def move_aside(path: str, status: str) -> str:
             os.link(path, aside)  # fails if `aside` exists, where rename would replace it
         except FileExistsError:
             continue
+        except OSError as err:
+            if err.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP):
+                raise
+            if os.path.lexists(aside):  # no hard links here (vfat, some FUSE): rename to a name still free
+                continue
+            os.rename(path, aside)
+            return aside
         os.unlink(path)
         return aside
     raise AssertionError("unreachable")

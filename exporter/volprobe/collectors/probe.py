@@ -77,6 +77,7 @@ class ProbeSeries:
             "sync": str(spec.sync).lower(),
         }
         self.info = metrics.PROBE_INFO.series(metrics.PROBE_INFO.name, info_labels)
+        self._errors: dict[str, Series] = {}
 
     @functools.cached_property
     def latency_by_touch(self) -> dict[str, HistogramSeries]:
@@ -85,9 +86,14 @@ class ProbeSeries:
         split = metrics.PROBE_LATENCY_BY_TOUCH
         return {touch: HistogramSeries(split, {**self.labels, "touch": touch}, bounds) for touch in TOUCHES}
 
-    @functools.cache  # noqa: B019 -- lives as long as the probe, as its other series do
     def error(self, errno_name: str) -> Series:
-        return metrics.PROBE_ERRORS.series(metrics.PROBE_ERRORS.total, {**self.labels, "errno": errno_name})
+        """The series of one errno, made when it first happens (kept here, so it goes with the probe)."""
+        one = self._errors.get(errno_name)
+        if one is None:
+            one = self._errors[errno_name] = metrics.PROBE_ERRORS.series(
+                metrics.PROBE_ERRORS.total, {**self.labels, "errno": errno_name}
+            )
+        return one
 
 
 @register("probe", "probe latency, errors and specification")
