@@ -51,6 +51,18 @@ BAD_CONFIGS = [
         "outside 0..1",
     ),
     (
+        "hold_open false on a write",
+        "targets: [{directory: /tmp, probes: [{op: write, hold_open: false}]}]",
+        "targets[0].probes[0].hold_open",
+        "always keep",
+    ),
+    (
+        "hold_open not a boolean",
+        "targets: [{device: /dev/a, probes: [{op: read, hold_open: sometimes}]}]",
+        "targets[0].probes[0].hold_open",
+        "",
+    ),
+    (
         "sync on a read",
         "targets: [{device: /dev/a, probes: [{op: read, sync: true}]}]",
         "targets[0].probes[0].sync",
@@ -160,7 +172,7 @@ def test_the_documented_example_parses_with_defaults(tmp_path):
           - name: data
             device: /dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0123456789abcdef0
             probes:
-              - {op: read, block_size: 4KiB, interval: 500ms}
+              - {op: read, block_size: 4KiB, interval: 500ms, hold_open: true}
     """)
     )
     parsed = config.load(path)
@@ -170,6 +182,7 @@ def test_the_documented_example_parses_with_defaults(tmp_path):
     assert [(p.op, p.block_size, p.sync) for p in pgdata.probes] == [("write", 8192, True), ("read", 4096, False)]
     assert data.probes[0].interval == 0.5
     assert data.probes[0].revisit == config.ProbeConfig.revisit
+    assert data.probes[0].hold_open and not pgdata.probes[1].hold_open
 
 
 def test_write_probes_default_to_o_dsync():

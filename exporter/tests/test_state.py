@@ -196,7 +196,12 @@ def test_a_corrupt_then_unwritable_state_directory_leaves_the_exporter_serving(t
         count = first_count(samples, "a")
         time.sleep(1)
         assert first_count(exporter.metrics(), "a") > count, "probing goes on"
-        assert "fresh offsets cannot be reserved in the state directory" in exporter.log()
+        # Offsets are picked a batch (here 5 s of probes) ahead: the warning comes with the next batch.
+        exporter.wait_for(
+            lambda _: "fresh offsets cannot be reserved in the state directory" in exporter.log(),
+            timeout=20,
+            what="the warning that fresh offsets cannot be reserved",
+        )
         assert exporter.stop() == 0
     finally:
         run("umount", str(state_dir))

@@ -161,7 +161,7 @@ def run_exporter(argv: Sequence[str]) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, on_signal)
-    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
     serving.start()
     server.ready.set()
     log.info("volprobe %s listening on %s (%d probes)", __version__, args.listen, len(exporter.probes.running()))

@@ -42,6 +42,7 @@ class ProbeConfig:
     sync: bool | None = None
     jitter: float = 0.1  # fraction of the interval each probe is randomly delayed by
     revisit: float = 0.25  # fraction of probes sent to offsets probed before
+    hold_open: bool = False  # reads: keep the device open between probes (writes always do)
     key: str = ""  # where it sits in the config file, for error messages
 
     def __post_init__(self) -> None:
@@ -271,6 +272,7 @@ _PROBE_PARSERS: dict[str, Callable[[Any], Any]] = {
     "sync": _bool,
     "jitter": _ratio,
     "revisit": _ratio,
+    "hold_open": _bool,
 }
 _PROBE_DEFAULT_KEYS = ("interval", "jitter", "revisit")  # keys of `defaults:` that apply to every probe
 _DEFAULT_KEYS = {*_PROBE_DEFAULT_KEYS, "window", "buckets", "histogram_by_touch", "probe_file_size"}
@@ -305,6 +307,8 @@ def _probe(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> ProbeCon
         return None
     if not ops.get(values["op"]).writes and data.get("sync") is True:
         check.fail(_join(key, "sync"), "only applies to write probes")
+    if ops.get(values["op"]).writes and data.get("hold_open") is False:
+        check.fail(_join(key, "hold_open"), "write probes always keep their descriptor open (it holds O_EXCL)")
     return ProbeConfig(**{**defaults.probe, **values, "key": key})
 
 

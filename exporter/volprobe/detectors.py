@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from . import diskstats
+from .osthread import name_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +297,7 @@ class ThrottleDetector:
             self._thread.join(5)
 
     def _run(self) -> None:
+        name_this_thread("vp throttle")
         next_time = time.monotonic()
         while not self._stop.is_set():
             try:

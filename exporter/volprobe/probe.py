@@ -2,6 +2,12 @@
 
 Only the syscall sits between the two clock reads. Everything else a probe needs (choosing the offset,
 stamping the write buffer, checking a read for zeros, recording the sample) happens outside them.
+
+A worker's probes run in C (_timedio.Loop) a batch of offsets at a time: Python picks about BATCH_S seconds'
+worth of offsets, the C loop paces, stamps, issues, times and checks them, and scrapes move its results
+into the statistics (drain()). Python wakes per batch and per failure, not per probe: woken cold for each
+probe it cost about twice the probe's own syscalls (BENCHMARKS.md, cpu). Without the C module, the same
+loop runs in Python one probe at a time.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from .config import ProbeConfig
+from .osthread import name_this_thread
 from .stats import ProbeStats
 
 try:  # the C timer (see _timedio.c); optional at build time
@@ -34,6 +41,7 @@ log = logging.getLogger(__name__)
 SECTOR = 512
 MAX_ERROR_BACKOFF_S = 30.0
 MAX_SLEEP_NS = 1_000_000_000  # a worker notices stop and slow-down requests within a second
+BATCH_S = 30.0  # the C loop returns to Python about this often (and at every failure, stop or slow-down)
 # errnos after which the descriptor is worthless: the device went away or was replaced, or the filesystem went
 # read-only (an ext4 error): letting go of the probe file lets the operator unmount it for fsck.
 REOPEN_ERRNOS = {errno.ENXIO, errno.ENODEV, errno.ENOENT, errno.EBADF, errno.ESTALE, errno.ENOMEDIUM, errno.EROFS}
@@ -142,6 +150,10 @@ class OffsetPicker:
             self._queue = [self._pick() for _ in range(self.BATCH)]
             self._queue.reverse()
         return self._queue.pop()
+
+    def put_back(self, picks: list[tuple[int, str]]) -> None:
+        """Picks handed out but never used: they come next, in order (and close() knows them as unused)."""
+        self._queue.extend(reversed(picks))
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -261,9 +273,9 @@ class ProbeIO:
         self.write_data = WriteData(self.buffer) if spec.kind.writes else None
         self._zeros = bytes(block_size)
         # Writes keep their descriptor (a raw device's O_EXCL keeps others out while volprobe writes; a probe
-        # file is ours). Reads open the device for each request: holding it open between probes would stop an
-        # administrator from detaching a loop device or removing a dm, md or zram device.
-        self.hold_open = spec.kind.writes
+        # file is ours). Reads open the device for each request unless told to hold it: holding it open between
+        # probes would stop an administrator from detaching a loop device or removing a dm, md or zram device.
+        self.hold_open = spec.kind.writes or spec.hold_open
         if fd is not None and not self.hold_open:
             os.close(fd)
             fd = None
@@ -380,10 +392,12 @@ class ProbeWorker:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._slowdown = 1.0
-        # Read by scrapes; written only by the worker thread.
-        self.missed = 0
-        self.zero_reads = 0
-        self.completed = 0
+        self._loop = _c_loop(self.probe, spec, self.rng)
+        self._batch: list[tuple[int, str]] = []  # the picks the C loop is working through
+        # Read by scrapes; written only by the worker thread (or by the C loop: see the properties).
+        self._missed = 0
+        self._zero_reads = 0
+        self._completed = 0
         self.errors: dict[str, int] = {}
         self.last_error = ""
         self._last_logged = 0.0
@@ -396,6 +410,8 @@ class ProbeWorker:
 
     def stop(self) -> None:
         self._stopping = True
+        if self._loop is not None:
+            self._loop.stop()
 
     def join(self, timeout: float) -> bool:
         """Wait for the thread; False if it is still stuck in the kernel (a stalled device)."""
@@ -412,6 +428,29 @@ class ProbeWorker:
     def set_slowdown(self, factor: float) -> None:
         """Stretch the interval (throttle back-off); 1 restores the configured rate. Applies within a second."""
         self._slowdown = factor
+        if self._loop is not None:
+            self._loop.set_interval(max(1, int(self.interval_s * factor * 1e9)))
+
+    @property
+    def completed(self) -> int:
+        return self._completed + (self._loop.completed if self._loop is not None else 0)
+
+    @property
+    def missed(self) -> int:
+        return self._missed + (self._loop.missed if self._loop is not None else 0)
+
+    @property
+    def zero_reads(self) -> int:
+        return self._zero_reads + (self._loop.zero_reads if self._loop is not None else 0)
+
+    def drain(self) -> None:
+        """Move the C loop's finished probes into the statistics: scrapes call this, so they are never behind."""
+        if self._loop is None:
+            return
+        with self._lock:
+            batch, record = self._batch, self.stats.record
+            for index, latency_ns, end_ns, _zero in self._loop.take():
+                record(latency_ns, batch[index][1], end_ns)
 
     @property
     def slowdown(self) -> float:
@@ -444,13 +483,74 @@ class ProbeWorker:
         return int(min(self.interval_s * 2 ** min(failures, 32), MAX_ERROR_BACKOFF_S) * 1e9)
 
     def _run(self) -> None:
+        name_this_thread(f"vp {self.op} {self.name}")
         try:
-            self._loop()
+            if self._loop is not None:
+                self._run_batches(self._loop)
+            else:
+                self._run_one_by_one()
         finally:
             self.probe.picker.close()
             self.probe.close()  # a worker that outlived its stop still releases its descriptor (and O_EXCL)
 
-    def _loop(self) -> None:
+    def _batch_size(self) -> int:
+        """About BATCH_S of probes per trip into C (so Python wakes that often), within [8, 512]."""
+        return max(8, min(512, int(BATCH_S / (self.interval_s * self._slowdown))))
+
+    def _run_batches(self, loop: _timedio.Loop) -> None:
+        """The C loop does the probes; Python picks offsets a batch at a time and handles each failure."""
+        clock = time.perf_counter_ns
+        probe = self.probe
+        picker = probe.picker
+        loop.schedule(clock(), max(1, int(self.interval_s * self._slowdown * 1e9)))
+        failures = 0
+        retry_at = 0  # after a failed open: not before this (perf_counter_ns)
+        while not self._stopping:
+            if probe.hold_open and probe.fd is None:
+                wait = retry_at - clock()
+                if wait > 0:
+                    time.sleep(min(wait, MAX_SLEEP_NS) / 1e9)  # backing off; wake each second for stop
+                    continue
+                try:
+                    probe.open()
+                except OSError as err:
+                    failures += 1
+                    self._count_error(errno.errorcode.get(err.errno or 0, "EUNKNOWN"), f"open: {err}")
+                    retry_at = clock() + self._backoff_ns(failures)
+                    loop.schedule(retry_at, max(1, int(self.interval_s * self._slowdown * 1e9)))
+                    continue
+            batch = [picker.next() for _ in range(self._batch_size())]
+            offsets = array.array("q", [probe.io.region_start + block * probe.block_size for block, _ in batch])
+            self.drain()
+            with self._lock:
+                self._batch = batch
+            done, status, code, moved = loop.run(offsets, probe.fd if probe.hold_open else -1)
+            self.drain()
+            if probe.write_data is not None:
+                probe.write_data.counter = loop.counter
+            if done:
+                failures = 0
+            if status == _timedio.RUN_DONE:
+                continue
+            if status == _timedio.RUN_STOPPED:
+                picker.put_back(batch[done:])
+                break
+            picker.put_back(batch[done + 1 :])
+            failures += 1
+            offset = offsets[done]
+            if status == _timedio.RUN_SHORT:
+                self._count_error("SHORT", f"{self.op} at {offset}: {moved} of {probe.block_size} bytes")
+            else:
+                if code in REOPEN_ERRNOS:
+                    probe.close()
+                where = f"open {probe.io.path}" if status == _timedio.RUN_OPEN_FAILED else f"{self.op} at {offset}"
+                self._count_error(errno.errorcode.get(code, "EUNKNOWN"), f"{where}: {os.strerror(code)}")
+            # Back off, and restart the schedule after it: slots skipped while backing off are not "missed".
+            retry_at = clock() + self._backoff_ns(failures)
+            loop.schedule(retry_at, max(1, int(self.interval_s * self._slowdown * 1e9)))
+
+    def _run_one_by_one(self) -> None:
+        """Without the C module: one probe per trip through Python."""
         clock = time.perf_counter_ns
         probe = self.probe
         pacer = Pacer(self.interval_s, self.jitter, self.rng, clock())
@@ -492,9 +592,26 @@ class ProbeWorker:
                 pacer.set_interval(self.interval_s * slowdown, deadline)
                 continue
             failures = 0
-            self.completed += 1
+            self._completed += 1
             self.stats.record(outcome.latency_ns, outcome.touch, outcome.end_ns)
             if outcome.zero:
-                self.zero_reads += 1
-            self.missed += pacer.advance(clock())
+                self._zero_reads += 1
+            self._missed += pacer.advance(clock())
             deadline = pacer.deadline()
+
+
+def _c_loop(probe: ProbeIO, spec: ProbeConfig, rng: random.Random) -> _timedio.Loop | None:
+    """The probe's C loop (see _timedio.c), or None without the C module."""
+    if _timedio is None:
+        return None
+    counter = probe.write_data.counter if probe.write_data is not None else 0
+    return _timedio.Loop(
+        probe.io.path,
+        probe.io.flags,
+        probe.buffer,
+        probe._inflight,
+        probe.write_data is not None,
+        spec.jitter,
+        rng.getrandbits(64),
+        counter,
+    )

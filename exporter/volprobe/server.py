@@ -11,6 +11,8 @@ import contextlib
 import gzip
 import html
 import logging
+import os
+import selectors
 import socket
 import ssl
 import threading
@@ -23,6 +25,7 @@ from prometheus_client.exposition import choose_encoder, generate_latest
 
 from . import __version__
 from .exposition import generate_text
+from .osthread import name_this_thread
 from .webconfig import WebConfigWatcher
 
 log = logging.getLogger(__name__)
@@ -102,7 +105,41 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         self.landing = landing or (lambda: "")
         self.ready = threading.Event()
         self.renders = SharedRender(self._render)
+        self._stop_reading, self._stop_writing = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._stopping = False
+        self._stopped = threading.Event()
+        self._stopped.set()  # not serving yet: shutdown() has nothing to wait for
         super().__init__((host or "::", address[1]), _Handler)
+
+    def serve_forever(self, poll_interval: float = 0.0) -> None:
+        """Accept until shutdown(). socketserver's loop wakes every poll_interval to look for a shutdown
+        request: idle, that is the exporter's most frequent wake-up. This one sleeps until a connection or
+        shutdown() arrives."""
+        self._stopped.clear()
+        name_this_thread("vp http")
+        try:
+            with selectors.DefaultSelector() as selector:
+                selector.register(self, selectors.EVENT_READ)
+                selector.register(self._stop_reading, selectors.EVENT_READ)
+                while not self._stopping:
+                    for key, _ in selector.select():
+                        if key.fileobj is self and not self._stopping:
+                            self._handle_request_noblock()
+        finally:
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop serve_forever() (running in another thread) and wait for it."""
+        self._stopping = True
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._stop_writing, b"x")
+        self._stopped.wait()
+
+    def server_close(self) -> None:
+        super().server_close()
+        for fd in (self._stop_reading, self._stop_writing):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _render(self, accept: str) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)

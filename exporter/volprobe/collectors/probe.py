@@ -128,6 +128,7 @@ class ProbeCollector:
         zero_by_target: dict[tuple[str, str], int] = {}
         for rendered in self._series_of(self.exporter.probes.running()):
             running = rendered.running
+            running.worker.drain()
             snaps = [running.stats.snapshot(touch, now) for touch in TOUCHES]
             for touch, snap in zip(TOUCHES, snaps, strict=True):
                 rendered.recent[touch].add(recent, snap)

@@ -17,6 +17,7 @@ from dataclasses import replace
 from .. import targets as targets_mod
 from ..config import Config, ConfigError, DiscoveryConfig, TargetConfig
 from ..discovery import SKIP_BY_DEFAULT, Host
+from ..osthread import name_this_thread
 from ..targets import ResolvedTarget
 from .probes import ProbeSet
 from .reload import changes, device_identity, fingerprint
@@ -126,6 +127,7 @@ class DeviceFollower:
             thread.join(10)
 
     def _follow(self, stopping: threading.Event) -> None:
+        name_this_thread("vp discovery")
         while not stopping.is_set():
             try:
                 self.rescan(stopping)

@@ -110,6 +110,8 @@ class ThrottleWatch:
         from earlier runs within REMEMBER_S (so a restart under load knows the disk's unloaded time)."""
         probes = self.probes.on_disk(disk)
         chosen = [p for p in probes if p.spec.op == direction] or probes
+        for probe in chosen:
+            probe.worker.drain()
         floors = [f for f in (p.stats.floor() for p in chosen) if f is not None]
         measured = min(floors) if floors else None
         with self._lock:

@@ -1,0 +1,159 @@
+"""The probe worker's loop on real devices: in C (batches of offsets) and in Python (the fallback), alike."""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import time
+
+import pytest
+
+from volprobe import probe
+from volprobe.config import ProbeConfig
+from volprobe.stats import ProbeStats
+
+from .harness import MIB
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(params=["c", "python"])
+def loop_kind(request, monkeypatch) -> str:
+    if request.param == "python":
+        monkeypatch.setattr(probe, "_timedio", None)
+    return request.param
+
+
+def worker(
+    path: str, op: str, interval: float, *, size: int = 16 * MIB, block: int = 4096, hold_open: bool = False
+) -> probe.ProbeWorker:
+    flags = (os.O_RDWR if op == "write" else os.O_RDONLY) | os.O_DIRECT
+    io = probe.IOTarget(path, flags, 0, size)
+    fd = os.open(path, flags) if op == "write" else None
+    spec = ProbeConfig(op, block, interval=interval, revisit=0.0, jitter=0.0, hold_open=hold_open)
+    return probe.ProbeWorker(spec, io, ProbeStats(60.0), name="t", fd=fd, seed=7)
+
+
+def run_for(w: probe.ProbeWorker, seconds: float) -> None:
+    w.start()
+    time.sleep(seconds)
+    w.stop()
+    assert w.join(2.0)
+    w.close()
+    w.drain()
+
+
+def recorded(w: probe.ProbeWorker) -> int:
+    now = time.perf_counter_ns()
+    return sum(w.stats.snapshot(touch, now).count for touch in ("first", "repeat"))
+
+
+def test_paced_reads_are_counted_recorded_and_flagged_zero(make_loop, loop_kind):
+    w = worker(make_loop(16 * MIB), "read", 0.02)
+    assert (w._loop is not None) == (loop_kind == "c")
+    run_for(w, 1.0)
+    assert 35 <= w.completed <= 52, w.completed  # 50 slots in 1 s, less the first slot's start-up
+    assert recorded(w) == w.completed, "every finished probe reaches the statistics"
+    assert w.zero_reads == w.completed, "a fresh loop device reads zeros"
+    assert w.missed <= 2 and w.error_counts() == {}
+    # Offsets handed out but never used go back: the picker's position is exactly the probes made.
+    unused = sum(1 for _, touch in w.probe.picker._queue if touch == "first")
+    assert w.probe.picker.fresh_used - unused == w.completed
+
+
+def test_writes_carry_a_never_repeating_stamp_in_every_sector(make_loop, loop_kind):
+    path = make_loop(4 * MIB)
+    w = worker(path, "write", 0.01, size=4 * MIB)
+    run_for(w, 0.6)
+    assert w.completed >= 20 and w.zero_reads == 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, 4 * MIB, 0)
+    finally:
+        os.close(fd)
+    stamps = []
+    for block in range(0, len(data), 4096):
+        heads = {data[block + s : block + s + 8] for s in range(0, 4096, 512)}
+        if heads != {bytes(8)}:
+            assert len(heads) == 1, "one stamp for every sector of a write"
+            stamps.append(struct.unpack("<Q", heads.pop())[0])
+    assert len(stamps) == w.completed, "each write went to a fresh block (revisit 0)"
+    assert len(set(stamps)) == len(stamps) and max(stamps) - min(stamps) == len(stamps) - 1
+
+
+def test_stop_and_slow_down_apply_at_once_during_a_long_wait(make_loop, loop_kind):
+    w = worker(make_loop(16 * MIB), "read", 30.0)
+    w.start()
+    time.sleep(0.3)
+    assert w.completed <= 1  # the first slot (with jitter 0: at start), then a 30 s wait
+    w.set_slowdown(0.001)  # 30 ms: the waiting loop takes the new interval now, not in 30 s
+    time.sleep(0.6 if loop_kind == "c" else 1.6)  # the Python loop wakes once a second to look
+    assert w.completed >= 8, w.completed
+    w.set_slowdown(1000.0)
+    time.sleep(0.1)
+    before = w.completed
+    started = time.monotonic()
+    w.stop()
+    assert w.join(2.0)
+    assert time.monotonic() - started < (0.2 if loop_kind == "c" else 1.2)
+    assert w.completed - before <= 1
+
+
+def test_failures_are_counted_backed_off_and_recovered_from(tmp_path, loop_kind):
+    target = tmp_path / "file"
+    target.write_bytes(os.urandom(MIB))
+    io = probe.IOTarget(str(target), os.O_RDONLY, 0, MIB)
+    w = probe.ProbeWorker(ProbeConfig("read", 4096, interval=0.01, jitter=0.0), io, ProbeStats(60.0), seed=3)
+    w.start()
+    time.sleep(0.3)
+    target.rename(tmp_path / "moved")  # reads open per request: ENOENT from now on
+    time.sleep(0.5)
+    failed_at = w.completed
+    assert w.error_counts().get("ENOENT", 0) >= 1
+    assert w.error_counts()["ENOENT"] <= 8, "backing off: 10 ms, doubling, not one error per slot"
+    (tmp_path / "moved").rename(target)
+    time.sleep(1.5)  # the back-off is at most 0.01 * 2**8 = 2.56 s after 8 errors; well under, here
+    w.stop()
+    assert w.join(2.0)
+    w.drain()
+    assert w.completed > failed_at, "probing resumed once the file was back"
+    assert recorded(w) == w.completed
+    assert w.last_error == "ENOENT"
+
+
+def test_a_short_transfer_is_an_error_not_a_sample(tmp_path, loop_kind):
+    short = tmp_path / "short"
+    short.write_bytes(b"x" * 100)
+    io = probe.IOTarget(str(short), os.O_RDONLY, 0, 16 * MIB)
+    w = probe.ProbeWorker(ProbeConfig("read", 4096, interval=0.01, jitter=0.0), io, ProbeStats(60.0), seed=3)
+    run_for(w, 0.3)
+    assert w.error_counts().get("SHORT", 0) >= 1 and w.completed == 0 and recorded(w) == 0
+
+
+def opened_here(path: str) -> int:
+    real = os.path.realpath(path)
+    return sum(1 for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == real)
+
+
+def test_reads_hold_the_device_open_only_when_told(make_loop, loop_kind):
+    path = make_loop(16 * MIB)
+    for hold_open in (False, True):
+        w = worker(path, "read", 0.2, hold_open=hold_open)
+        w.start()
+        time.sleep(0.5)
+        held = opened_here(path)
+        w.stop()
+        assert w.join(2.0)
+        w.close()
+        assert w.completed >= 2 and w.error_counts() == {}
+        assert held == (1 if hold_open else 0), "a read probe holds the device between requests only if told"
+        assert opened_here(path) == 0
+
+
+def test_the_c_loop_checks_its_arguments():
+    if probe._timedio is None:
+        pytest.skip("no C module")
+    buffer = bytearray(4096)
+    with pytest.raises(ValueError, match="inflight"):
+        probe._timedio.Loop("/dev/null", os.O_RDONLY, buffer, bytearray(4), False, 0.0, random.getrandbits(64), 0)
