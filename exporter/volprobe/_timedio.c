@@ -14,8 +14,8 @@
  *
  * Loop: a probe worker's whole paced loop, for a batch of offsets at a time, without the interpreter. A paced
  *   probe's cost is its wake-up: Python woken cold once a second spends about 200 us of CPU where fio's C loop
- *   spends its syscalls. Loop.run() does, per offset: wait for the slot's deadline (an eventfd wakes it for
- *   stop and slow-down), stamp the write buffer, open (reads), the timed request, close, the all-zero check,
+ *   spends its syscalls. Loop.run() does, per offset: wait for the slot's deadline (on a futex, which stop and
+ *   slow-down requests wake), stamp the write buffer, open (reads), the timed request, close, the all-zero check,
  *   the pacing (slots passed are skipped and counted, never replayed); and keeps each result for take().
  *   It returns at the end of the batch, at stop, or at the first failure, which Python handles (errors,
  *   back-off, reopen) as it does for one request.
@@ -23,11 +23,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/eventfd.h>
+#include <linux/futex.h>
+#include <limits.h>
+#include <sys/syscall.h>
 #include <fcntl.h>
 #include <unistd.h>
 #include <time.h>
@@ -103,7 +104,8 @@ enum { RUN_DONE, RUN_STOPPED, RUN_OPEN_FAILED, RUN_IO_FAILED, RUN_SHORT };
 typedef struct {
     PyObject_HEAD
     char *path;
-    int flags, write, efd;
+    int flags, write;
+    unsigned wake_word; /* bumped (and the futex woken) by stop() and set_interval() */
     Py_buffer buffer, inflight; /* held for the object's life */
     /* the schedule: slot k is due at start + k * interval (+ jitter); touched only with the GIL held or by run() */
     long long interval_ns, start_ns, slot, deadline_ns;
@@ -165,25 +167,23 @@ static void stamp(Loop *self) { /* a never-repeating counter, little-endian, at 
 
 static int all_zero(const unsigned char *p, Py_ssize_t n) { return n == 0 || (p[0] == 0 && memcmp(p, p + 1, (size_t)n - 1) == 0); }
 
-/* Wait for the deadline; 0 when due, 1 when asked to stop. A slow-down request restarts the schedule from now. */
+/* Wait for the deadline; 0 when due, 1 when asked to stop. A slow-down request restarts the schedule from now.
+ * A futex rather than poll() on an eventfd: the cheapest sleep that another thread can cut short. */
 static int wait_deadline(Loop *self) {
     for (;;) {
+        unsigned seen = __atomic_load_n(&self->wake_word, __ATOMIC_ACQUIRE);
         if (self->stopping)
             return 1;
         long long requested = __atomic_exchange_n(&self->pending_interval_ns, 0, __ATOMIC_ACQ_REL);
         long long now = now_ns();
         if (requested > 0)
             schedule(self, now, requested);
-        long long wait = self->deadline_ns - now;
-        if (wait <= 0)
+        if (self->deadline_ns <= now)
             return 0;
-        struct timespec timeout = {wait / 1000000000LL, wait % 1000000000LL};
-        struct pollfd wake = {self->efd, POLLIN, 0};
-        if (ppoll(&wake, 1, &timeout, NULL) > 0) {
-            uint64_t drained;
-            if (read(self->efd, &drained, sizeof drained) < 0) { /* nothing to do: the flags are re-read */
-            }
-        }
+        /* FUTEX_WAIT_BITSET takes an absolute CLOCK_MONOTONIC time; it returns at once if the word moved. */
+        struct timespec until = {self->deadline_ns / 1000000000LL, self->deadline_ns % 1000000000LL};
+        syscall(SYS_futex, &self->wake_word, FUTEX_WAIT_BITSET | FUTEX_PRIVATE_FLAG, seen, &until, NULL,
+                FUTEX_BITSET_MATCH_ANY);
     }
 }
 
@@ -203,9 +203,8 @@ static int Loop_init(Loop *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "inflight must hold 8 bytes");
         return -1;
     }
-    self->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (self->path == NULL || self->efd < 0) {
-        PyErr_SetFromErrno(PyExc_OSError);
+    if (self->path == NULL) {
+        PyErr_NoMemory();
         return -1;
     }
     self->rng = seed ? seed : 0x9E3779B97F4A7C15ULL;
@@ -216,10 +215,8 @@ static int Loop_init(Loop *self, PyObject *args, PyObject *kwds) {
 
 static PyObject *Loop_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     Loop *self = (Loop *)type->tp_alloc(type, 0);
-    if (self != NULL) {
-        self->efd = -1;
+    if (self != NULL)
         pthread_mutex_init(&self->mutex, NULL);
-    }
     return (PyObject *)self;
 }
 
@@ -228,8 +225,6 @@ static void Loop_dealloc(Loop *self) {
         PyBuffer_Release(&self->buffer);
     if (self->inflight.obj != NULL)
         PyBuffer_Release(&self->inflight);
-    if (self->efd >= 0)
-        close(self->efd);
     free(self->path);
     free(self->latency_ns);
     free(self->end_ns);
@@ -246,9 +241,9 @@ static PyObject *Loop_schedule(Loop *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static int wake(Loop *self) {
-    uint64_t one = 1;
-    return write(self->efd, &one, sizeof one) < 0 && errno != EAGAIN ? -1 : 0;
+static void wake(Loop *self) {
+    __atomic_add_fetch(&self->wake_word, 1, __ATOMIC_RELEASE);
+    syscall(SYS_futex, &self->wake_word, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, INT_MAX, NULL, NULL, 0);
 }
 
 static PyObject *Loop_set_interval(Loop *self, PyObject *args) {
@@ -256,15 +251,13 @@ static PyObject *Loop_set_interval(Loop *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "L", &interval))
         return NULL;
     __atomic_store_n(&self->pending_interval_ns, interval > 0 ? interval : 1, __ATOMIC_RELEASE);
-    if (wake(self) < 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
+    wake(self);
     Py_RETURN_NONE;
 }
 
 static PyObject *Loop_stop(Loop *self, PyObject *unused) {
-    self->stopping = 1;
-    if (wake(self) < 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
+    __atomic_store_n(&self->stopping, 1, __ATOMIC_RELEASE);
+    wake(self);
     Py_RETURN_NONE;
 }
 
