@@ -1,0 +1,1 @@
+"""`volprobe compare`: a migration verdict, baseline against candidate, from a Prometheus holding their probes."""
