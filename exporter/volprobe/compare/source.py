@@ -1,0 +1,180 @@
+"""What `volprobe compare` reads: the Prometheus HTTP query API (Prometheus, Thanos, Mimir), /api/v1/query and
+/api/v1/query_range only, and the per-period histograms and counters of one side built from it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import metrics
+from .verdict import Histogram
+
+
+class SourceError(Exception):
+    """The server could not be asked, or answered with an error."""
+
+
+@dataclass(frozen=True)
+class Auth:
+    bearer_token_file: str | None = None
+    username: str | None = None
+    password_file: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    insecure_skip_verify: bool = False
+
+
+class PrometheusAPI:
+    def __init__(self, url: str, auth: Auth | None = None, timeout: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self.auth = auth or Auth()
+        self.timeout = timeout
+        self._context = self._tls() if self.url.startswith("https:") else None
+
+    def _tls(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.auth.ca_file)
+        if self.auth.cert_file:
+            context.load_cert_chain(self.auth.cert_file, self.auth.key_file)
+        if self.auth.insecure_skip_verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self.auth.bearer_token_file:
+            token = Path(self.auth.bearer_token_file).read_text().strip()
+            headers["Authorization"] = f"Bearer {token}"
+        elif self.auth.username is not None:
+            password = Path(self.auth.password_file).read_text().strip() if self.auth.password_file else ""
+            pair = base64.b64encode(f"{self.auth.username}:{password}".encode()).decode()
+            headers["Authorization"] = f"Basic {pair}"
+        return headers
+
+    def _get(self, path: str, params: dict[str, str]) -> list:
+        data = urllib.parse.urlencode(params).encode()
+        request = urllib.request.Request(f"{self.url}{path}", data=data, headers=self._headers(), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=self._context) as response:
+                body = json.load(response)
+        except urllib.error.HTTPError as err:
+            try:
+                detail = json.load(err).get("error", "")
+            except ValueError:
+                detail = ""
+            raise SourceError(f"{self.url}{path}: HTTP {err.code} {detail}".strip()) from None
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            raise SourceError(f"{self.url}{path}: {getattr(err, 'reason', err)}") from None
+        if body.get("status") != "success":
+            raise SourceError(f"{self.url}{path}: {body.get('errorType', '')} {body.get('error', '')}".strip())
+        return body["data"]["result"]
+
+    def query(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
+        result = self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
+        return [(item["metric"], float(item["value"][1])) for item in result]
+
+    def query_range(
+        self, expr: str, start: float, end: float, step: float
+    ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        result = self._get("/api/v1/query_range", params)
+        return [(item["metric"], [(float(t), float(v)) for t, v in item["values"]]) for item in result]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What was probed: apples are compared with apples only."""
+
+    op: str
+    block_size: str
+    interval: str
+    sync: str
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.block_size} bytes every {self.interval}, O_DSYNC {self.sync}"
+
+
+@dataclass
+class Side:
+    """One side's periods: histograms and counters, by period end time."""
+
+    selector: str
+    ends: list[float]
+    histograms: list[Histogram]
+    specs: set[Spec] = field(default_factory=set)
+    devices: set[tuple[str, str]] = field(default_factory=set)  # (instance, device): names repeat across nodes
+    failures: list[float] = field(default_factory=list)
+    throttled_seconds: list[float] = field(default_factory=list)
+    zero_reads: list[float] = field(default_factory=list)
+
+
+def _by_time(series: list[tuple[dict[str, str], list[tuple[float, float]]]], ends: list[float]) -> list[float]:
+    """A summed value per period end (0 where no series had a point)."""
+    totals = dict.fromkeys(ends, 0.0)
+    for _, points in series:
+        for t, v in points:
+            key = min(ends, key=lambda e: abs(e - t))
+            if not math.isnan(v):
+                totals[key] += v
+    return [totals[e] for e in ends]
+
+
+def fetch(api: PrometheusAPI, selector: str, op: str, start: float, end: float, period: float) -> Side:
+    """Every period of [start, end] (`period` seconds each, the last one ending at `end`) for one side."""
+    count = max(1, int((end - start) // period))
+    first_end = end - (count - 1) * period
+    ends = [first_end + i * period for i in range(count)]
+    window = f"{period:g}s"
+    match = f"{selector}, op={json.dumps(op)}"
+    buckets = api.query_range(
+        f"sum by (le) (increase({metrics.PROBE_LATENCY.bucket}{{{match}}}[{window}]))", first_end, end, period
+    )
+    cumulative: dict[float, dict[float, float]] = {e: {} for e in ends}
+    for labels, points in buckets:
+        le = float(labels["le"])
+        for t, v in points:
+            key = min(ends, key=lambda e: abs(e - t))
+            cumulative[key][le] = v
+    layouts = {tuple(sorted(c)) for c in cumulative.values() if c}
+    if len(layouts) > 1:
+        raise SourceError(f"{selector}: the bucket layout changed within the span ({len(layouts)} layouts)")
+    bounds = layouts.pop() if layouts else (math.inf,)
+    histograms = [Histogram.from_cumulative({b: cumulative[e].get(b, 0.0) for b in bounds}) for e in ends]
+    side = Side(selector, ends, histograms)
+    for labels, _ in api.query(f"max_over_time({metrics.PROBE_INFO.name}{{{match}}}[{end - start:.0f}s])", end):
+        side.specs.add(
+            Spec(op, labels.get("block_size_bytes", "?"), labels.get("interval", "?"), labels.get("sync", "?"))
+        )
+        side.devices.add((labels.get("instance", ""), labels.get("device", "")))
+    failures = api.query_range(
+        f"sum(increase({metrics.PROBE_FAILURES.total}{{{match}}}[{window}]))", first_end, end, period
+    )
+    side.failures = _by_time(failures, ends)
+    if side.devices:
+        devices = "|".join(sorted({device for _, device in side.devices if device}))
+        throttled = api.query_range(
+            f'sum by (instance, device) (increase({metrics.THROTTLE_SECONDS.total}{{device=~"{devices}"}}[{window}]))',
+            first_end,
+            end,
+            period,
+        )
+        mine = [
+            (labels, points)
+            for labels, points in throttled
+            if (labels.get("instance", ""), labels.get("device", "")) in side.devices
+        ]
+        side.throttled_seconds = _by_time(mine, ends)
+    if op == "read":
+        zero = api.query_range(
+            f"sum(increase({metrics.PROBE_ZERO_READS.total}{{{selector}}}[{window}]))", first_end, end, period
+        )
+        side.zero_reads = _by_time(zero, ends)
+    return side
