@@ -338,8 +338,9 @@ class RunningPrometheus:
 
 
 def start_prometheus(config_text: str, directory: Path, ready_timeout: float = 60.0) -> RunningPrometheus:
-    """Run prometheus with `config_text` and its data in `directory` (created) until /-/ready answers."""
-    directory.mkdir(parents=True)
+    """Run prometheus with `config_text` and its data in `directory`/data (made here, or backfilled before) until
+    /-/ready answers."""
+    directory.mkdir(parents=True, exist_ok=True)
     (directory / "prometheus.yml").write_text(config_text)
     port = free_port()
     log_path = directory / "log"

@@ -93,7 +93,7 @@ def run_exporter(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="volprobe",
         description="Prometheus exporter: queue-depth-1 direct I/O probes of block volumes. "
-        "Subcommands: check-config, devices, ping, warmup (volprobe SUBCOMMAND --help).",
+        "Subcommands: check-config, compare, devices, ping, warmup (volprobe SUBCOMMAND --help).",
     )
     parser.add_argument("--config", help="YAML configuration file (default: probe every whole disk, read-only)")
     parser.add_argument("--target", action="append", metavar="PATH", help="probe a device or directory (repeatable)")
@@ -499,8 +499,15 @@ def run_warmup(argv: Sequence[str]) -> int:
     return 130 if stop.is_set() else 1
 
 
+def run_compare(argv: Sequence[str]) -> int:
+    from .compare import command  # only this subcommand needs it
+
+    return command.run(argv)
+
+
 SUBCOMMANDS = {
     "check-config": run_check_config,
+    "compare": run_compare,
     "devices": run_devices,
     "ping": run_ping,
     "warmup": run_warmup,

@@ -1,0 +1,247 @@
+"""`volprobe compare`: baseline against candidate over days, from a Prometheus; a report and an exit status.
+
+Exit status: 0 better or equivalent, 1 worse, 3 inconclusive, 2 an error (bad arguments, an unreachable or
+failing server, specs that differ without --allow-different-specs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from .. import units
+from . import source, verdict
+
+EXIT_ERROR = 2
+
+
+@dataclass
+class Report:
+    baseline: source.Side
+    candidate: source.Side
+    op: str
+    period: float
+    tolerance: float
+    results: list[verdict.Comparison]
+    warnings: list[str]
+    different_specs: bool
+
+    @property
+    def verdict(self) -> str:
+        return verdict.overall(self.results)
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _ms(seconds: float) -> str:
+    return "n/a" if math.isnan(seconds) else f"{seconds * 1e3:.3f} ms"
+
+
+def _percent(value: str) -> float:
+    text = value.strip()
+    number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    if not 0 <= number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: a tolerance between 0% and 100%")
+    return number
+
+
+def _duration(value: str) -> float:
+    try:
+        return units.parse_duration(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _time(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: a Unix time or an ISO 8601 time") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def warnings_of(side: source.Side, name: str) -> list[str]:
+    found = []
+    for end, failures, histogram in zip(
+        side.ends, side.failures or [0.0] * len(side.ends), side.histograms, strict=True
+    ):
+        if histogram.total <= 0:
+            found.append(f"{name}: no probes in the period ending {_when(end)} (a gap in the data)")
+        if failures > 0.5:
+            found.append(f"{name}: {failures:.0f} failed probes in the period ending {_when(end)}")
+    for end, seconds in zip(side.ends, side.throttled_seconds, strict=False):
+        if seconds > 0.5:
+            found.append(f"{name}: throttled for {seconds:.0f} s in the period ending {_when(end)}")
+    reads = sum(h.total for h in side.histograms)
+    zero = sum(side.zero_reads)
+    if reads and zero / reads > 0.01:
+        found.append(
+            f"{name}: {zero / reads:.0%} of reads returned zeros: the volume is not warm, latencies flatter it"
+        )
+    return found
+
+
+def build(args: argparse.Namespace, api: source.PrometheusAPI) -> Report:
+    end = args.end if args.end is not None else time.time()
+    start = args.start if args.start is not None else end - args.since
+    if end - start < args.period:
+        raise source.SourceError(f"the span ({end - start:g} s) is shorter than one --period ({args.period:g} s)")
+    baseline = source.fetch(api, args.baseline, args.op, start, end, args.period)
+    candidate = source.fetch(api, args.candidate, args.op, start, end, args.period)
+    for side, name in ((baseline, "baseline"), (candidate, "candidate")):
+        if not side.specs:
+            raise source.SourceError(f"{name} {{{side.selector}}}: no {args.op} probe found in the span")
+        if len(side.specs) > 1:
+            raise source.SourceError(f"{name} {{{side.selector}}}: several probe specs: {sorted(map(str, side.specs))}")
+    different = baseline.specs != candidate.specs
+    if different and not args.allow_different_specs:
+        raise source.SourceError(
+            f"the sides probe different things: baseline {next(iter(baseline.specs))}, candidate "
+            f"{next(iter(candidate.specs))} (--allow-different-specs to compare anyway)"
+        )
+    if baseline.histograms[0].bounds != candidate.histograms[0].bounds:
+        raise source.SourceError("the sides have different histogram buckets: their quantiles are not comparable")
+    results = verdict.compare(baseline.histograms, candidate.histograms, tolerance=args.tolerance)
+    warnings = warnings_of(baseline, "baseline") + warnings_of(candidate, "candidate")
+    if different:
+        warnings.insert(
+            0, "the sides probe different specs (--allow-different-specs): the comparison is not like for like"
+        )
+    return Report(baseline, candidate, args.op, args.period, args.tolerance, results, warnings, different)
+
+
+def as_json(report: Report) -> str:
+    def quantile(q: verdict.Quantile) -> dict:
+        return {"estimate_seconds": _finite(q.estimate), "bucket": [_finite(q.lower), _finite(q.upper)]}
+
+    return json.dumps(
+        {
+            "verdict": report.verdict,
+            "op": report.op,
+            "period_seconds": report.period,
+            "tolerance": report.tolerance,
+            "periods": len(report.baseline.ends),
+            "baseline": {"selector": report.baseline.selector, "spec": sorted(map(str, report.baseline.specs))},
+            "candidate": {"selector": report.candidate.selector, "spec": sorted(map(str, report.candidate.specs))},
+            "quantiles": [
+                {
+                    "quantile": r.q,
+                    "baseline": quantile(r.baseline),
+                    "candidate": quantile(r.candidate),
+                    "ratio": _finite(r.ratio),
+                    "interval": [_finite(r.low), _finite(r.high)],
+                    "verdict": r.verdict,
+                    "reason": r.reason,
+                }
+                for r in report.results
+            ],
+            "probes": {
+                "baseline": sum(h.total for h in report.baseline.histograms),
+                "candidate": sum(h.total for h in report.candidate.histograms),
+            },
+            "warnings": report.warnings,
+        },
+        indent=2,
+    )
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def as_markdown(report: Report) -> str:
+    base, cand = report.baseline, report.candidate
+    lines = [
+        f"# volprobe compare: **{report.verdict}**",
+        "",
+        f"- baseline `{{{base.selector}}}`: {', '.join(sorted(map(str, base.specs)))}",
+        f"- candidate `{{{cand.selector}}}`: {', '.join(sorted(map(str, cand.specs)))}",
+        f"- {len(base.ends)} periods of {report.period:g} s, ending {_when(base.ends[-1])}; tolerance "
+        f"±{report.tolerance:.0%}; probes: {sum(h.total for h in base.histograms):,.0f} baseline, "
+        f"{sum(h.total for h in cand.histograms):,.0f} candidate",
+        "",
+        "| quantile | baseline | candidate | ratio | 95% interval | verdict | why |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in report.results:
+        lines.append(
+            f"| p{r.q * 100:g} | {_ms(r.baseline.estimate)} (bucket {_ms(r.baseline.lower)}..{_ms(r.baseline.upper)}) "
+            f"| {_ms(r.candidate.estimate)} (bucket {_ms(r.candidate.lower)}..{_ms(r.candidate.upper)}) "
+            f"| {r.ratio:.3f} | {r.low:.3f}..{r.high:.3f} | {r.verdict} | {r.reason} |"
+        )
+    lines += [
+        "",
+        "Quantiles come from the histogram's bucket increases: each lies in the bucket shown, and is placed inside "
+        "it geometrically. The interval resamples the periods (both sides together).",
+    ]
+    if report.warnings:
+        lines += ["", "## Warnings", "", *(f"- {w}" for w in report.warnings)]
+    return "\n".join(lines) + "\n"
+
+
+FORMATS = {"json": as_json, "markdown": as_markdown, "text": as_markdown}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="volprobe compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--prometheus", required=True, help="URL of a server with the Prometheus query API")
+    p.add_argument("--baseline", required=True, help="label matchers, e.g. 'target=\"db-aws\"'")
+    p.add_argument("--candidate", required=True, help="label matchers, e.g. 'target=\"db-azure\"'")
+    span = p.add_mutually_exclusive_group()
+    span.add_argument("--since", type=_duration, default=7 * 86400.0, help="the span ending now (default 7d)")
+    span.add_argument("--start", type=_time, help="start of the span (Unix or ISO 8601 time); with --end")
+    p.add_argument("--end", type=_time, help="end of the span (default now)")
+    p.add_argument("--period", type=_duration, default=86400.0, help="length of one period (default 1d)")
+    p.add_argument("--op", choices=("write", "read"), default="write")
+    p.add_argument("--tolerance", type=_percent, default=0.10, help="equivalent within this (default 10%%)")
+    p.add_argument("--allow-different-specs", action="store_true")
+    p.add_argument("--format", choices=sorted(FORMATS), default="text")
+    p.add_argument("--output", help="write the report here (default: standard output)")
+    p.add_argument("--bearer-token-file")
+    p.add_argument("--username", help="basic auth user (password from --password-file)")
+    p.add_argument("--password-file")
+    p.add_argument("--ca-file")
+    p.add_argument("--cert-file")
+    p.add_argument("--key-file")
+    p.add_argument("--insecure-skip-verify", action="store_true")
+    return p
+
+
+def run(argv: Sequence[str]) -> int:
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exit_:
+        return EXIT_ERROR if exit_.code else 0
+    auth = source.Auth(
+        args.bearer_token_file,
+        args.username,
+        args.password_file,
+        args.ca_file,
+        args.cert_file,
+        args.key_file,
+        args.insecure_skip_verify,
+    )
+    try:
+        report = build(args, source.PrometheusAPI(args.prometheus, auth))
+    except (source.SourceError, OSError) as err:
+        print(f"volprobe compare: {err}", file=sys.stderr)
+        return EXIT_ERROR
+    text = FORMATS[args.format](report)
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return verdict.EXIT_STATUS[report.verdict]
