@@ -127,6 +127,17 @@ def test_equal_sides_are_equivalent(prometheus):
     assert result.returncode in (0, 3)  # p99.9 over four days may still be inconclusive
 
 
+def test_the_text_and_markdown_reports_carry_the_verdict(prometheus):
+    for fmt in ("text", "markdown"):
+        command = volprobe_command(
+            "compare", "--prometheus", f"http://127.0.0.1:{prometheus.port}", "--end", str(END),
+            "--baseline", 'target="aws"', "--candidate", 'target="azure"', "--since", "4d", "--format", fmt,
+        )  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1, result.stderr
+        assert "worse" in result.stdout and "p50" in result.stdout and "p99.9" in result.stdout, result.stdout
+
+
 def test_one_period_is_inconclusive(prometheus):
     result = compare(prometheus, "--baseline", 'target="aws"', "--candidate", 'target="azure"', "--since", "1d")
     report = json.loads(result.stdout)

@@ -7,6 +7,7 @@ failing server, specs that differ without --allow-different-specs).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import sys
@@ -191,7 +192,37 @@ def as_markdown(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-FORMATS = {"json": as_json, "markdown": as_markdown, "text": as_markdown}
+def as_text(report: Report) -> str:
+    """A terminal table (rich): the verdict, each quantile of both sides with its bucket, the ratio."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    colour = {"better": "green", "equivalent": "green", "worse": "red", "inconclusive": "yellow"}
+    table = Table(title=f"volprobe compare: {report.verdict}", title_style=colour[report.verdict])
+    for heading in ("quantile", "baseline", "candidate", "ratio", "95% interval", "verdict", "why"):
+        table.add_column(heading)
+    for r in report.results:
+        table.add_row(
+            f"p{r.q * 100:g}",
+            f"{_ms(r.baseline.estimate)}\n({_ms(r.baseline.lower)}..{_ms(r.baseline.upper)})",
+            f"{_ms(r.candidate.estimate)}\n({_ms(r.candidate.lower)}..{_ms(r.candidate.upper)})",
+            f"{r.ratio:.3f}",
+            f"{r.low:.3f}..{r.high:.3f}",
+            f"[{colour[r.verdict]}]{r.verdict}[/]",
+            escape(r.reason),
+        )
+    out = io.StringIO()
+    console = Console(file=out, width=120, force_terminal=sys.stdout.isatty())
+    for name, side in (("baseline ", report.baseline), ("candidate", report.candidate)):
+        console.print(escape(f"{name} {{{side.selector}}}: {', '.join(sorted(map(str, side.specs)))}"))
+    console.print(table)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}")
+    return out.getvalue()
+
+
+FORMATS = {"json": as_json, "markdown": as_markdown, "text": as_text}
 
 
 def parser() -> argparse.ArgumentParser:
