@@ -1,9 +1,10 @@
 """`volprobe compare` against a real Prometheus (Debian 2.42) holding days of history, backfilled with
 `promtool tsdb create-blocks-from openmetrics`.
 
-The history here is generated: per minute, the counters an exporter would expose for a probe whose latency is
-lognormal around a median that wanders from day to day. (The version recorded from lab volumes by the real
-exporter is still to come; see issue 11.)
+Two histories: one generated (per minute, the counters an exporter would expose for a probe whose latency is
+lognormal around a median that wanders from day to day), for exact ratios and many days; and one recorded from
+the real exporter probing lab volumes, retimed over days (test_history_recorded_from_lab_volumes_then_live),
+which also compares live from the Prometheus that scraped it.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ import itertools
 import json
 import math
 import random
+import re
 import subprocess
+import sys
 import time
 
 import pytest
 
 from volprobe.stats import DEFAULT_BUCKETS, RELATIVE_ERROR
 
-from .harness import MIB, run, volprobe_command
+from .harness import MIB, Samples, run, volprobe_command
 from .harness import start_prometheus as start_backfilled
 
 DAY = 86400
@@ -32,11 +35,14 @@ def series_text(labels: dict[str, str]) -> str:
     return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
 
 
-def history(sides: dict[str, tuple[float, dict[str, str]]], days: int, seed: int) -> str:
-    """OpenMetrics text: for each side (median seconds, spec labels), a write probe every second for `days`."""
+def history(
+    sides: dict[str, tuple[float, dict[str, str]]], days: int, seed: int, warming: dict[str, list[float]] | None = None
+) -> str:
+    """OpenMetrics text: for each side (median seconds, spec labels), a write probe every second for `days`;
+    `warming`: per side, how many times slower first touches are than repeats, day by day (1 by default)."""
     rng = random.Random(seed)
     bounds = [*DEFAULT_BUCKETS, math.inf]
-    families: dict[str, list[str]] = {"bucket": [], "count": [], "info": [], "failures": []}
+    families: dict[str, list[str]] = {"bucket": [], "count": [], "info": [], "failures": [], "recent": []}
     start = END - days * DAY
     for target, (median, spec) in sides.items():
         labels = {
@@ -63,6 +69,10 @@ def history(sides: dict[str, tuple[float, dict[str, str]]], days: int, seed: int
                 )
             counts.append(f"volprobe_probe_latency_seconds_count{{{series_text(labels)}}} {cumulative[-1]} {t}")
             infos.append(f"volprobe_probe_info{{{series_text({**labels, **spec})}}} 1 {t}")
+            penalty = (warming or {}).get(target, [1.0] * days)[min(days - 1, (t - start) // DAY)]
+            for touch, value in (("first", day_median * penalty), ("repeat", day_median)):
+                recent = series_text({**labels, "quantile": "0.5", "touch": touch})
+                families["recent"].append(f"volprobe_probe_latency_recent_seconds{{{recent}}} {value} {t}")
             failures.append(f"volprobe_probe_failures_total{{{series_text(labels)}}} 0 {t}")
         for i in rows:
             families["bucket"] += rows[i]
@@ -78,6 +88,8 @@ def history(sides: dict[str, tuple[float, dict[str, str]]], days: int, seed: int
             *families["info"],
             "# TYPE volprobe_probe_failures counter",
             *families["failures"],
+            "# TYPE volprobe_probe_latency_recent_seconds gauge",
+            *sorted(families["recent"], key=lambda line: line.split(" ")[0]),
             "# EOF",
             "",
         ]
@@ -95,9 +107,10 @@ def prometheus(tmp_path_factory):
         "azure": (0.0014, SPEC),  # 1.4x slower
         "aws-twin": (0.0010, SPEC),
         "hdd": (0.0010, {**SPEC, "block_size_bytes": "4096"}),  # another spec
+        "cold": (0.0010, SPEC),  # restored from a snapshot: first touches 3x slower on the first two days
     }
     source = directory / "history.om"
-    source.write_text(history(sides, days=4, seed=1))
+    source.write_text(history(sides, days=4, seed=1, warming={"cold": [3.0, 3.0, 1.0, 1.0]}))
     run("promtool", "tsdb", "create-blocks-from", "openmetrics", str(source), str(directory / "data"))
     server = start_backfilled("global: {scrape_interval: 1m}\nscrape_configs: []\n", directory)
     yield server
@@ -162,6 +175,39 @@ def test_different_specs_are_refused_naming_both(prometheus):
     assert allowed.returncode in (0, 1, 3) and "different specs" in json.loads(allowed.stdout)["warnings"][0]
 
 
+def test_a_side_still_warming_up_is_warned_about(prometheus):
+    result = compare(prometheus, "--baseline", 'target="aws"', "--candidate", 'target="cold"', "--since", "4d")
+    warnings = json.loads(result.stdout)["warnings"]
+    assert any("candidate" in w and "3.0x slower" in w and "2 of 4 periods" in w for w in warnings), warnings
+    assert not any(w.startswith("baseline") and "warming" in w for w in warnings)
+
+
+def test_the_html_report_is_one_self_contained_file_never_written_over(prometheus, tmp_path):
+    report = tmp_path / "report.html"
+    args = ["--baseline", 'target="aws"', "--candidate", 'target="azure"', "--since", "4d", "--format", "html"]
+    result = compare(prometheus, *args, "--output", str(report))
+    assert result.returncode == 1, result.stderr
+    page = report.read_text()
+    assert "worse" in page and page.count("<svg") == 3, "quantiles over time, distributions, ratios"
+    assert "<script" not in page and not re.search(r'(src|href)="(https?:|//)', page), "nothing loaded from elsewhere"
+    assert "p99.9" in page and "baseline p50" in page  # the table and the plots' legends
+    again = compare(prometheus, *args, "--output", str(report))
+    assert again.returncode == 2 and "--force" in again.stderr and report.read_text() == page
+    report.write_text("an older report")
+    forced = compare(prometheus, *args, "--output", str(report), "--force")
+    assert forced.returncode == 1 and report.read_text().startswith("<!DOCTYPE html>")
+    assert [p.name for p in tmp_path.iterdir()] == ["report.html"], "no temporary file left behind"
+
+
+def test_html_without_the_report_extra_says_how_to_get_it(prometheus):
+    url = f"http://127.0.0.1:{prometheus.port}"
+    code = "import sys; sys.modules['matplotlib'] = None; from volprobe.cli import main; sys.exit(main())"
+    command = [sys.executable, "-c", code, "compare", "--prometheus", url, "--end", str(END), "--since", "4d"]
+    command += ["--baseline", 'target="aws"', "--candidate", 'target="azure"', "--format", "html"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "pip install 'volprobe[report]'" in result.stderr, result.stderr
+
+
 def test_an_unreachable_server_is_an_error(tmp_path):
     command = volprobe_command(
         "compare", "--prometheus", "http://127.0.0.1:9", "--baseline", 'target="a"', "--candidate", 'target="b"'
@@ -170,23 +216,71 @@ def test_an_unreachable_server_is_an_error(tmp_path):
     assert result.returncode == 2 and "127.0.0.1:9" in result.stderr
 
 
+RECORDED = (
+    "volprobe_probe_latency_seconds",
+    "volprobe_probe_failures",
+    "volprobe_probe_info",
+    "volprobe_probe_latency_recent_seconds",
+)
+
+
+def retimed_history(scrapes: list[Samples], days: int) -> str:
+    """OpenMetrics text of the exporter's own expositions, recorded over minutes, laid out over `days`: scrape i
+    at END - days + i * days / (n - 1). The counts and the labels are the exporter's; only the times are moved."""
+    step = days * DAY / (len(scrapes) - 1)
+    lines: dict[str, dict[str, list[str]]] = {}  # family -> series -> lines, in time order
+    types = {}
+    for i, samples in enumerate(scrapes):
+        t = round(END - days * DAY + i * step)
+        for name, found in samples.items():
+            family = next((f for f in RECORDED if name == f or name.startswith(f + "_")), None)
+            if family is None or name.endswith("_created"):
+                continue
+            types[family] = {
+                "volprobe_probe_latency_seconds": "histogram",
+                "volprobe_probe_latency_recent_seconds": "summary",
+                "volprobe_probe_failures": "counter",
+            }.get(family, "gauge")
+            for labels, value in found:
+                if math.isnan(value):  # a quantile without samples (no repeats with revisit 0)
+                    continue
+                series = f"{name}{{{series_text({**labels, 'job': 'volprobe', 'instance': 'node:10130'})}}}"
+                lines.setdefault(family, {}).setdefault(series, []).append(f"{series} {value!r} {t}")
+    text = []
+    for family, by_series in lines.items():
+        text.append(f"# TYPE {family} {types[family]}")
+        for series_lines in by_series.values():
+            text += series_lines
+    return "\n".join([*text, "# EOF", ""])
+
+
 @pytest.mark.root
 @pytest.mark.lab
-def test_live_two_lab_volumes_scraped_by_a_real_prometheus(tmp_path, lab_volume, start_exporter, start_prometheus):
-    """The real exporter on two lab volumes (8 KiB writes of 1 ms and 1.4 ms), a real Prometheus scraping it every
-    second, and four periods of 30 s: worse, and each side's median lies in the bucket the report gives for it,
-    checked against the exporter's own exact recent median (the lab's 1.4 itself is only as exact as its
-    calibration: 1.30 was seen). (Without O_DSYNC: through the lab's loop, FUSE and NBD a flush adds about
-    a millisecond of its own to both sides, which is what an O_DSYNC probe would rightly report.)"""
+def test_history_recorded_from_lab_volumes_then_live(tmp_path, lab_volume, make_loop, start_exporter, start_prometheus):
+    """The real exporter on three lab volumes (8 KiB writes of 1 ms, 1.4 ms and 1 ms again) and a loop device
+    probed with another block size, for two minutes, with a real Prometheus scraping it every second.
+
+    Recorded: its expositions, laid out over four days (retimed_history) and backfilled into a second Prometheus
+    with promtool: worse with the ratio the exporter itself measured (its exact recent medians) within 5%,
+    equivalent for the equal pair, inconclusive on one period, the other spec refused.
+    Live: four periods of 30 s: worse, and each side's median lies in the bucket the report gives for it.
+    (The lab's 1.4 is only as exact as its calibration, 1.30 was seen: the reference is what the probes saw.
+    Without O_DSYNC: through the lab's loop, FUSE and NBD a flush adds about a millisecond of its own.)"""
     volumes = {
-        "base": lab_volume(size=64 * MIB, write_latency=0.001),
-        "slow": lab_volume(size=64 * MIB, write_latency=0.0014),
+        "base": lab_volume(size=64 * MIB, write_latency=0.001).device,
+        "slow": lab_volume(size=64 * MIB, write_latency=0.0014).device,
+        "twin": lab_volume(size=64 * MIB, write_latency=0.001).device,
     }
     # revisit 0: every write is a first touch, so the exporter's exact recent median (by touch) is of them all.
-    probes = "probes: [{op: write, block_size: 8KiB, interval: 20ms, sync: false, revisit: 0}], allow_raw_writes: true"
+    probes = "interval: 20ms, sync: false, revisit: 0}], allow_raw_writes: true"
     config = tmp_path / "volprobe.yml"
     config.write_text(
-        "targets:\n" + "".join(f"  - {{name: {n}, device: {v.device}, {probes}}}\n" for n, v in volumes.items())
+        "targets:\n"
+        + "".join(
+            f"  - {{name: {n}, device: {d}, probes: [{{op: write, block_size: 8KiB, {probes}}}\n"
+            for n, d in volumes.items()
+        )
+        + f"  - {{name: small, device: {make_loop(64 * MIB)}, probes: [{{op: write, block_size: 4KiB, {probes}}}\n"
     )
     exporter = start_exporter("--config", str(config))
     prometheus = start_prometheus(f"""
@@ -199,7 +293,18 @@ scrape_configs:
     while not prometheus.query("volprobe_probe_latency_seconds_count") and time.monotonic() < deadline:
         time.sleep(0.5)
     started = time.time()
-    time.sleep(4 * 30 + 3)
+    scrapes = []
+    while time.time() < started + 4 * 30 + 3:
+        scrapes.append(exporter.metrics())
+        time.sleep(2)
+    samples = exporter.metrics()  # the exact medians of the same probes (the exporter's 5m window holds them all)
+    exact = {
+        labels["target"]: v
+        for labels, v in samples["volprobe_probe_latency_recent_seconds"]
+        if labels["quantile"] == "0.5" and labels["touch"] == "first"
+    }
+
+    # Live, from the Prometheus that scraped it.
     url = f"http://127.0.0.1:{prometheus.port}"
     command = volprobe_command(
         "compare", "--prometheus", url, "--baseline", 'target="base"', "--candidate", 'target="slow"',
@@ -211,13 +316,32 @@ scrape_configs:
     p50 = report["quantiles"][0]
     assert p50["verdict"] == "worse", report
     assert result.returncode == 1 and report["verdict"] == "worse"
-    # The same probes' exact medians, from the exporter itself (its 5m window holds the whole run).
-    samples = exporter.metrics()
-    exact = {
-        labels["target"]: v
-        for labels, v in samples["volprobe_probe_latency_recent_seconds"]
-        if labels["quantile"] == "0.5" and labels["touch"] == "first"
-    }
     for side, name in (("baseline", "base"), ("candidate", "slow")):
         low, high = p50[side]["bucket"]
         assert low * (1 - RELATIVE_ERROR) <= exact[name] <= high * (1 + RELATIVE_ERROR), (p50, exact)
+
+    # Recorded, laid out over four days, backfilled.
+    directory = tmp_path / "backfilled"
+    directory.mkdir()
+    (directory / "history.om").write_text(retimed_history(scrapes, days=4))
+    run("promtool", "tsdb", "create-blocks-from", "openmetrics", str(directory / "history.om"), str(directory / "data"))
+    backfilled = start_backfilled("global: {scrape_interval: 1m}\nscrape_configs: []\n", directory)
+    try:
+
+        def recorded(baseline: str, candidate: str, *args: str) -> tuple[int, dict | str]:
+            result = compare(
+                backfilled, "--baseline", f'target="{baseline}"', "--candidate", f'target="{candidate}"', *args
+            )
+            return result.returncode, json.loads(result.stdout) if result.stdout else result.stderr
+
+        status, worse = recorded("base", "slow", "--since", "4d")
+        assert status == 1 and worse["verdict"] == "worse" and worse["periods"] == 4, worse
+        assert worse["quantiles"][0]["ratio"] == pytest.approx(exact["slow"] / exact["base"], rel=0.05), (worse, exact)
+        status, equal = recorded("base", "twin", "--since", "4d", "--quantiles", "0.5,0.9")
+        assert status == 0 and equal["verdict"] == "equivalent", (equal, exact)
+        status, one_day = recorded("base", "slow", "--since", "1d")
+        assert status == 3 and one_day["verdict"] == "inconclusive", one_day
+        status, refused = recorded("base", "small", "--since", "4d")
+        assert status == 2 and "write 8192 bytes" in refused and "write 4096 bytes" in refused, refused
+    finally:
+        backfilled.stop()

@@ -7,19 +7,24 @@ failing server, specs that differ without --allow-different-specs).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import math
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from .. import units
-from . import source, verdict
+from . import html, source, verdict
+from .html import MissingExtra
 
 EXIT_ERROR = 2
+WARMING_PENALTY = 2.0  # first touches this many times slower than repeats: the volume is still warming up
 
 
 @dataclass
@@ -61,6 +66,16 @@ def _duration(value: str) -> float:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _quantiles(value: str) -> tuple[float, ...]:
+    try:
+        found = tuple(sorted({float(v) for v in value.split(",") if v.strip()}))
+    except ValueError:
+        found = ()
+    if not found or not all(0 < q < 1 for q in found):
+        raise argparse.ArgumentTypeError(f"{value!r}: quantiles between 0 and 1, comma-separated (0.5,0.99)")
+    return found
+
+
 def _time(value: str) -> float:
     try:
         return float(value)
@@ -85,6 +100,13 @@ def warnings_of(side: source.Side, name: str) -> list[str]:
     for end, seconds in zip(side.ends, side.throttled_seconds, strict=False):
         if seconds > 0.5:
             found.append(f"{name}: throttled for {seconds:.0f} s in the period ending {_when(end)}")
+    warming = [(e, v) for e, v in zip(side.ends, side.first_touch_penalty, strict=False) if v > WARMING_PENALTY]
+    if warming:
+        worst = max(v for _, v in warming)
+        found.append(
+            f"{name}: probes on never-touched blocks were up to {worst:.1f}x slower than on blocks touched before, in "
+            f"{len(warming)} of {len(side.ends)} periods (from {_when(warming[0][0])}): the volume is still warming up"
+        )
     reads = sum(h.total for h in side.histograms)
     zero = sum(side.zero_reads)
     if reads and zero / reads > 0.01:
@@ -114,7 +136,9 @@ def build(args: argparse.Namespace, api: source.PrometheusAPI) -> Report:
         )
     if baseline.histograms[0].bounds != candidate.histograms[0].bounds:
         raise source.SourceError("the sides have different histogram buckets: their quantiles are not comparable")
-    results = verdict.compare(baseline.histograms, candidate.histograms, tolerance=args.tolerance)
+    results = verdict.compare(
+        baseline.histograms, candidate.histograms, tolerance=args.tolerance, quantiles=args.quantiles
+    )
     warnings = warnings_of(baseline, "baseline") + warnings_of(candidate, "candidate")
     if different:
         warnings.insert(
@@ -162,8 +186,27 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def table(report: Report) -> list[tuple[str, ...]]:
+    """The quantile table, header first, as text cells (markdown and HTML)."""
+    rows = [("quantile", "baseline", "candidate", "ratio", "95% interval", "verdict", "why")]
+    for r in report.results:
+        rows.append(
+            (
+                f"p{r.q * 100:g}",
+                f"{_ms(r.baseline.estimate)} (bucket {_ms(r.baseline.lower)}..{_ms(r.baseline.upper)})",
+                f"{_ms(r.candidate.estimate)} (bucket {_ms(r.candidate.lower)}..{_ms(r.candidate.upper)})",
+                f"{r.ratio:.3f}",
+                f"{r.low:.3f}..{r.high:.3f}",
+                r.verdict,
+                r.reason,
+            )
+        )
+    return rows
+
+
 def as_markdown(report: Report) -> str:
     base, cand = report.baseline, report.candidate
+    head, *rows = table(report)
     lines = [
         f"# volprobe compare: **{report.verdict}**",
         "",
@@ -173,16 +216,9 @@ def as_markdown(report: Report) -> str:
         f"±{report.tolerance:.0%}; probes: {sum(h.total for h in base.histograms):,.0f} baseline, "
         f"{sum(h.total for h in cand.histograms):,.0f} candidate",
         "",
-        "| quantile | baseline | candidate | ratio | 95% interval | verdict | why |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in report.results:
-        lines.append(
-            f"| p{r.q * 100:g} | {_ms(r.baseline.estimate)} (bucket {_ms(r.baseline.lower)}..{_ms(r.baseline.upper)}) "
-            f"| {_ms(r.candidate.estimate)} (bucket {_ms(r.candidate.lower)}..{_ms(r.candidate.upper)}) "
-            f"| {r.ratio:.3f} | {r.low:.3f}..{r.high:.3f} | {r.verdict} | {r.reason} |"
-        )
-    lines += [
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows),
         "",
         "Quantiles come from the histogram's bucket increases: each lies in the bucket shown, and is placed inside "
         "it geometrically. The interval resamples the periods (both sides together).",
@@ -190,6 +226,10 @@ def as_markdown(report: Report) -> str:
     if report.warnings:
         lines += ["", "## Warnings", "", *(f"- {w}" for w in report.warnings)]
     return "\n".join(lines) + "\n"
+
+
+def as_html(report: Report) -> str:
+    return html.render(report, table(report))
 
 
 def as_text(report: Report) -> str:
@@ -222,7 +262,7 @@ def as_text(report: Report) -> str:
     return out.getvalue()
 
 
-FORMATS = {"json": as_json, "markdown": as_markdown, "text": as_text}
+FORMATS = {"json": as_json, "markdown": as_markdown, "text": as_text, "html": as_html}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -239,7 +279,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=_percent, default=0.10, help="equivalent within this (default 10%%)")
     p.add_argument("--allow-different-specs", action="store_true")
     p.add_argument("--format", choices=sorted(FORMATS), default="text")
-    p.add_argument("--output", help="write the report here (default: standard output)")
+    p.add_argument("--quantiles", type=_quantiles, default=verdict.QUANTILES, help="default 0.5,0.9,0.99,0.999")
+    p.add_argument("--output", help="write the report to this new file (default: standard output)")
+    p.add_argument("--force", action="store_true", help="with --output: replace a file that exists")
     p.add_argument("--bearer-token-file")
     p.add_argument("--username", help="basic auth user (password from --password-file)")
     p.add_argument("--password-file")
@@ -264,15 +306,32 @@ def run(argv: Sequence[str]) -> int:
         args.key_file,
         args.insecure_skip_verify,
     )
+    if args.output and os.path.exists(args.output) and not args.force:
+        print(f"volprobe compare: --output {args.output} exists (--force to replace it)", file=sys.stderr)
+        return EXIT_ERROR
     try:
         report = build(args, source.PrometheusAPI(args.prometheus, auth))
-    except (source.SourceError, OSError) as err:
+        text = FORMATS[args.format](report)
+    except (source.SourceError, MissingExtra, OSError) as err:
         print(f"volprobe compare: {err}", file=sys.stderr)
         return EXIT_ERROR
-    text = FORMATS[args.format](report)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+        _write_new(args.output, text)
     else:
         sys.stdout.write(text)
     return verdict.EXIT_STATUS[report.verdict]
+
+
+def _write_new(path: str, text: str) -> None:
+    """Whole or not at all: a temporary file beside it, renamed over it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(prefix=".volprobe-compare-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

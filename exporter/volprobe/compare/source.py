@@ -114,6 +114,7 @@ class Side:
     failures: list[float] = field(default_factory=list)
     throttled_seconds: list[float] = field(default_factory=list)
     zero_reads: list[float] = field(default_factory=list)
+    first_touch_penalty: list[float] = field(default_factory=list)  # median first / median repeat, per period
 
 
 def _by_time(series: list[tuple[dict[str, str], list[tuple[float, float]]]], ends: list[float]) -> list[float]:
@@ -172,9 +173,23 @@ def fetch(api: PrometheusAPI, selector: str, op: str, start: float, end: float, 
             if (labels.get("instance", ""), labels.get("device", "")) in side.devices
         ]
         side.throttled_seconds = _by_time(mine, ends)
+    side.first_touch_penalty = _penalties(api, match, ends, window)
     if op == "read":
         zero = api.query_range(
             f"sum(increase({metrics.PROBE_ZERO_READS.total}{{{selector}}}[{window}]))", first_end, end, period
         )
         side.zero_reads = _by_time(zero, ends)
     return side
+
+
+def _penalties(api: PrometheusAPI, match: str, ends: list[float], window: str) -> list[float]:
+    """Per period: the probes' median on never-touched blocks over their median on blocks touched before (the
+    exporter's exact recent medians, averaged over the period); NaN where a period has no repeats or firsts.
+    Well above 1, the volume is still warming up: its blocks are slow until first touched."""
+    recent = f'{metrics.PROBE_LATENCY_RECENT.name}{{{match}, quantile="0.5", touch="%s"}}'
+    expr = f"avg(avg_over_time({recent % 'first'}[{window}])) / avg(avg_over_time({recent % 'repeat'}[{window}]))"
+    values = dict.fromkeys(ends, math.nan)
+    for _, points in api.query_range(expr, ends[0], ends[-1], ends[1] - ends[0] if len(ends) > 1 else 60):
+        for t, v in points:
+            values[min(ends, key=lambda e: abs(e - t))] = v
+    return [values[e] for e in ends]

@@ -116,11 +116,11 @@ def compare(
     inconclusive otherwise or with too few periods or probes (the reason says how many more are needed)."""
     if len(baseline) != len(candidate):
         raise ValueError("both sides need the same periods")
-    whole_base, whole_cand = _sum(baseline), _sum(candidate)
+    whole_base, whole_cand = total(baseline), total(candidate)
     rng = random.Random(seed)
     periods = [i for i in range(len(baseline)) if baseline[i].total > 0 and candidate[i].total > 0]
     draws = [[rng.choice(periods) for _ in periods] for _ in range(resamples)] if periods else []
-    pooled = [(_sum([baseline[i] for i in draw]), _sum([candidate[i] for i in draw])) for draw in draws]
+    pooled = [(total([baseline[i] for i in draw]), total([candidate[i] for i in draw])) for draw in draws]
     results = []
     for q in quantiles:
         b, c = quantile(whole_base, q), quantile(whole_cand, q)
@@ -161,7 +161,8 @@ def overall(results: Sequence[Comparison]) -> str:
     return "better" if verdicts == {"better"} else "equivalent"
 
 
-def _sum(histograms: Sequence[Histogram]) -> Histogram:
+def total(histograms: Sequence[Histogram]) -> Histogram:
+    """The histograms added up (all of one layout)."""
     result = histograms[0]
     for histogram in histograms[1:]:
         result = result + histogram
