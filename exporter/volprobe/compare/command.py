@@ -176,6 +176,23 @@ def as_json(report: Report) -> str:
                 "baseline": sum(h.total for h in report.baseline.histograms),
                 "candidate": sum(h.total for h in report.candidate.histograms),
             },
+            # Each period on its own: what the Migration dashboard's daily panels show, from the same buckets.
+            "per_period": [
+                {
+                    "end": end,
+                    "probes": {"baseline": base.total, "candidate": cand.total},
+                    **{
+                        f"p{r.q * 100:g}": {
+                            "baseline": quantile(verdict.quantile(base, r.q)),
+                            "candidate": quantile(verdict.quantile(cand, r.q)),
+                        }
+                        for r in report.results
+                    },
+                }
+                for end, base, cand in zip(
+                    report.baseline.ends, report.baseline.histograms, report.candidate.histograms, strict=True
+                )
+            ],
             "warnings": report.warnings,
         },
         indent=2,

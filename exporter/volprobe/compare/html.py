@@ -49,6 +49,7 @@ def _over_time(plt, report) -> str:
             values = [verdict.quantile(h, q).estimate * 1e3 for h in side.histograms]
             axes.plot(when, values, style, marker="o", color=COLOURS[name], label=f"{name} p{q * 100:g}")
     axes.set_yscale("log")
+    _plain_numbers(axes.yaxis)
     axes.set_ylabel("latency per period (ms)")
     axes.set_title("Quantiles of each period")
     axes.grid(True, which="both", alpha=0.3)
@@ -59,6 +60,7 @@ def _over_time(plt, report) -> str:
 
 def _cdf(plt, report) -> str:
     figure, axes = plt.subplots(figsize=(9, 3.6))
+    shown: list[float] = []
     for name, side in (("baseline", report.baseline), ("candidate", report.candidate)):
         whole = verdict.total(side.histograms)
         total = whole.total
@@ -71,7 +73,16 @@ def _cdf(plt, report) -> str:
                 xs.append(bound * 1e3)
                 ys.append(seen / total)
         axes.step(xs, ys, where="post", color=COLOURS[name], label=f"{name} ({total:,.0f} probes)")
+        below = [x for x, y in zip(xs, ys, strict=True) if y == 0]
+        above = [x for x, y in zip(xs, ys, strict=True) if y >= 1]
+        shown += [below[-1] if below else xs[0], above[0] if above else xs[-1]]
     axes.set_xscale("log")
+    _plain_numbers(axes.xaxis, minor=False)
+    from matplotlib.ticker import LogLocator
+
+    axes.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    if shown:  # from the last empty bucket below to the first full one above: not out to 20 s
+        axes.set_xlim(min(shown), max(shown))
     axes.set_xlabel("latency (ms), at the histogram's bucket bounds")
     axes.set_ylabel("fraction of probes at or below")
     axes.set_title("Latency distribution over the whole span")
@@ -98,6 +109,14 @@ def _ratios(plt, report) -> str:
     axes.grid(True, axis="y", alpha=0.3)
     axes.legend(fontsize="small")
     return _finish(plt, figure)
+
+
+def _plain_numbers(axis, minor: bool = True) -> None:
+    """1.5 rather than 1.5x10^0 on a log axis."""
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    axis.set_major_formatter(ScalarFormatter())
+    axis.set_minor_formatter(ScalarFormatter() if minor else NullFormatter())
 
 
 def _finish(plt, figure) -> str:
