@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 import http.client
+import os
+import shutil
+import socket
 import ssl
 import subprocess
 from pathlib import Path
@@ -168,3 +171,54 @@ def empty_config(directory: Path) -> str:
     path = directory / "volprobe.yml"
     path.write_text("targets: []\n")
     return str(path)
+
+
+def served_serial(port: int, pki: Path) -> str:
+    """The serial number of the certificate the server presents to a new connection (verified by the CA)."""
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        return tls.getpeercert()["serialNumber"]
+
+
+def serial_of(certificate: Path) -> str:
+    out = subprocess.run(["openssl", "x509", "-noout", "-serial", "-in", str(certificate)], capture_output=True)
+    return out.stdout.decode().strip().split("=", 1)[1]
+
+
+def test_renewed_certificates_apply_to_the_next_connection(pki, tmp_path, start_exporter):
+    """exporter-toolkit reads the certificate at each handshake; volprobe reloads when a file changes. A broken
+    renewal (a key that does not match) keeps the last good pair serving, and says why."""
+    renewed = tmp_path / "renewed"
+    renewed.mkdir()
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj",
+            "/CN=server renewed", cwd=renewed)  # fmt: skip
+    openssl("x509", "-req", "-in", "server.csr", "-CA", str(pki / "ca.crt"), "-CAkey", str(pki / "ca.key"),
+            "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", str(pki / "server.ext"),
+            cwd=renewed)  # fmt: skip
+    live = tmp_path / "live"
+    live.mkdir()
+    shutil.copy(pki / "server.crt", live / "server.crt")
+    shutil.copy(pki / "server.key", live / "server.key")
+    config = web_config(
+        pki, tmp_path, f"tls_server_config: {{{{cert_file: {live}/server.crt, key_file: {live}/server.key}}}}\n"
+    )
+    exporter = start_exporter("--web.config.file", config, "--config", empty_config(tmp_path), tls=True)
+    assert served_serial(exporter.port, pki) == serial_of(pki / "server.crt")
+    # Renewal as certbot or cert-manager do it: new files renamed into place (the key first).
+    for name in ("server.key", "server.crt"):
+        shutil.copy(renewed / name, live / f".{name}.new")
+        os.replace(live / f".{name}.new", live / name)
+    assert served_serial(exporter.port, pki) == serial_of(renewed / "server.crt"), "the next connection"
+    assert https(exporter.port, pki) == 200
+    # A broken renewal: the old certificate with a key that is not its own.
+    shutil.copy(pki / "server.crt", live / "server.crt")
+    shutil.copy(pki / "client.key", live / "server.key")
+    assert served_serial(exporter.port, pki) == serial_of(renewed / "server.crt"), "the last good pair serves"
+    assert "not reloaded" in exporter.log() and "cannot load certificates" in exporter.log()
+    # Completed: the matching key arrives.
+    shutil.copy(pki / "server.key", live / "server.key")
+    assert served_serial(exporter.port, pki) == serial_of(pki / "server.crt")
+    assert exporter.stop() == 0

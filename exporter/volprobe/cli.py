@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import math
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from . import __version__, ops, safety, targets, units, warmup
+from . import __version__, capabilities, ops, safety, targets, units, warmup
 from .collectors import Sources, VolprobeCollector, add_flags, enabled_from_args
 from .config import Config, ConfigError, ProbeConfig, TargetConfig, WarmupConfig, from_paths, load
 from .discovery import Host
@@ -43,9 +44,23 @@ class _LogfmtFormatter(logging.Formatter):
         return line
 
 
-def setup_logging(level: str) -> None:
+class _JSONFormatter(logging.Formatter):
+    """One JSON object per line, with logfmt's keys (as Prometheus' --log.format=json)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        line = {"ts": ts, "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            line["err"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+LOG_FORMATS = {"logfmt": _LogfmtFormatter, "json": _JSONFormatter}
+
+
+def setup_logging(level: str, format: str = "logfmt") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_LogfmtFormatter())
+    handler.setFormatter(LOG_FORMATS[format]())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -97,19 +112,31 @@ def run_exporter(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--config", help="YAML configuration file (default: probe every whole disk, read-only)")
     parser.add_argument("--target", action="append", metavar="PATH", help="probe a device or directory (repeatable)")
-    parser.add_argument("--web.listen-address", dest="listen", default=DEFAULT_LISTEN, help="default :10130")
+    parser.add_argument(
+        "--web.listen-address",
+        dest="listen",
+        action="append",
+        help=f"address to listen on (repeatable: one server on each; default {DEFAULT_LISTEN})",
+    )
+    parser.add_argument(
+        "--web.telemetry-path", dest="telemetry_path", default="/metrics", help="path of the metrics (default /metrics)"
+    )
     parser.add_argument("--web.config.file", dest="web_config", help="exporter-toolkit web config (TLS, basic auth)")
     parser.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warn", "error"])
+    parser.add_argument("--log.format", dest="log_format", default="logfmt", choices=sorted(LOG_FORMATS))
     parser.add_argument("--version", action="version", version=f"volprobe {__version__}")
     _add_path_flags(parser)
     add_flags(parser)
     args = parser.parse_args(argv)
-    setup_logging("warning" if args.log_level == "warn" else args.log_level)
+    setup_logging("warning" if args.log_level == "warn" else args.log_level, args.log_format)
     limit_malloc_arenas()
+    listen = args.listen or [DEFAULT_LISTEN]
+    if not args.telemetry_path.startswith("/") or args.telemetry_path.startswith(("/-/", "//")):
+        return _report(ConfigError([f"--web.telemetry-path: {args.telemetry_path!r} must start with / (not /-/)"]))
 
     try:
         config = _load_config(args)
-        address = parse_listen_address(args.listen)
+        addresses = [parse_listen_address(address) for address in listen]
         web = WebConfigWatcher(args.web_config)
     except ConfigError as err:
         return _report(err)
@@ -133,19 +160,26 @@ def run_exporter(argv: Sequence[str]) -> int:
                     ", ".join(f"{p.op} {units.format_size(p.block_size)}" for p in t.probes),
                 )
                 for t in resolved
-            ]
+            ],
+            args.telemetry_path,
         )
 
-    try:
-        server = ExporterHTTPServer(address, registry, web, landing)
-    except OSError as err:
-        log.error("cannot listen on %s: %s", args.listen, err.strerror or err)
-        return 1
+    servers: list[ExporterHTTPServer] = []
+    for text, address in zip(listen, addresses, strict=True):
+        try:
+            servers.append(ExporterHTTPServer(address, registry, web, landing, args.telemetry_path))
+        except OSError as err:
+            log.error("cannot listen on %s: %s", text, err.strerror or err)
+            for server in servers:
+                server.server_close()
+            return 1
     try:
         exporter.start()
     except ConfigError as err:
-        server.server_close()
+        for server in servers:
+            server.server_close()
         return _report(err)
+    capabilities.check_idle_io_priority()  # logged and exported now, not first at a warm-up
     if not exporter.probes.running() and config.discovery is None:
         log.warning("no targets: nothing to probe (give --config or --target)")
     # What start-up made lives as long as the process: the cyclic collector need not walk it on every full
@@ -161,10 +195,10 @@ def run_exporter(argv: Sequence[str]) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, on_signal)
-    serving = threading.Thread(target=server.serve_forever, daemon=True)
-    serving.start()
-    server.ready.set()
-    log.info("volprobe %s listening on %s (%d probes)", __version__, args.listen, len(exporter.probes.running()))
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        server.ready.set()
+    log.info("volprobe %s listening on %s (%d probes)", __version__, ", ".join(listen), len(exporter.probes.running()))
     while True:
         wake.wait()
         wake.clear()
@@ -174,8 +208,9 @@ def run_exporter(argv: Sequence[str]) -> int:
             break
         reload_config(args, exporter)
     stuck = exporter.stop()
-    server.shutdown()
-    server.server_close()
+    for server in servers:
+        server.shutdown()
+        server.server_close()
     if stuck:
         log.warning("probes still blocked in the kernel at exit: %s", ", ".join(stuck))
     return 0

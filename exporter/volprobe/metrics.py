@@ -99,6 +99,13 @@ BUILD_INFO = MetricSpec(
     "A metric with a constant '1' value labeled by version, Python version and probe timer (c or python).",
     ("version", "python_version", "timer"),
 )
+CAPABILITY_AVAILABLE = MetricSpec(
+    "volprobe_capability_available",
+    "gauge",
+    "1 if the process may use a feature, 0 if it falls back without it (idle_io_priority: ioprio_set for "
+    "warm-ups; udev_monitor: netlink udev events for discovery). Present once the feature was needed or checked.",
+    ("capability",),
+)
 CONFIG_RELOAD_SUCCESSFUL = MetricSpec(
     "volprobe_config_last_reload_successful",
     "gauge",

@@ -97,12 +97,14 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         registry: CollectorRegistry,
         web: WebConfigWatcher,
         landing: Callable[[], str] | None = None,
+        telemetry_path: str = "/metrics",
     ) -> None:
         host = address[0]
         self.address_family = socket.AF_INET6 if (not host or ":" in host) else socket.AF_INET
         self.registry = registry
         self.web = web
         self.landing = landing or (lambda: "")
+        self.telemetry_path = telemetry_path
         self.ready = threading.Event()
         self.renders = SharedRender(self._render)
         self._stop_reading, self._stop_writing = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -222,7 +224,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         path = urlsplit(self.path).path
-        if path == "/metrics":
+        if path == self.server.telemetry_path:
             try:
                 body, content_type = self.server.renders.get(self.headers.get("Accept", ""))
             except Exception:
@@ -237,13 +239,13 @@ class _Handler(BaseHTTPRequestHandler):
         elif path in ("/-/healthy", "/-/ready"):
             ready = path == "/-/healthy" or self.server.ready.is_set()
             self._send(200 if ready else 503, b"OK\n" if ready else b"Starting\n", "text/plain; charset=utf-8")
-        elif path == "/":
+        elif path == "/" and self.server.telemetry_path != "/":
             self._send(200, self.server.landing().encode(), "text/html; charset=utf-8")
         else:
             self._send(404, b"Not Found\n", "text/plain; charset=utf-8")
 
 
-def landing_page(rows: list[tuple[str, str, str, str]]) -> str:
+def landing_page(rows: list[tuple[str, str, str, str]], telemetry_path: str = "/metrics") -> str:
     """The / page: what this is, where the metrics are, and what is being probed."""
     body = (
         "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
@@ -253,7 +255,7 @@ def landing_page(rows: list[tuple[str, str, str, str]]) -> str:
         "<!DOCTYPE html><html><head><title>volprobe</title></head><body>"
         f"<h1>volprobe {html.escape(__version__)}</h1>"
         "<p>Queue-depth-1 direct I/O probes of block volumes: latency, throttling and warm-up.</p>"
-        '<p><a href="/metrics">Metrics</a> &middot; <a href="/-/healthy">Health</a></p>'
+        f'<p><a href="{html.escape(telemetry_path)}">Metrics</a> &middot; <a href="/-/healthy">Health</a></p>'
         "<table border=1 cellpadding=4><tr><th>target</th><th>path</th><th>device</th><th>probes</th></tr>"
         f"{body}</table></body></html>"
     )

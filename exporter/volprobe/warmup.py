@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from . import capabilities
 from .config import WarmupConfig
 from .probe import WriteData
 from .safety import GUARD_BYTES
@@ -442,8 +443,10 @@ def set_idle_priority() -> None:
         import psutil
 
         psutil.Process(threading.get_native_id()).ionice(psutil.IOPRIO_CLASS_IDLE)
-    except Exception as err:  # not Linux, or not permitted: run at normal priority
-        log.debug("idle I/O priority not available: %s", err)
+    except Exception as err:  # not Linux, or not permitted (a seccomp filter): run at normal priority
+        capabilities.record(capabilities.IDLE_IO_PRIORITY, False, f"ioprio_set: {err}; warm-ups run at normal priority")
+    else:
+        capabilities.record(capabilities.IDLE_IO_PRIORITY, True)
 
 
 def legacy_state_file(target_name: str) -> str:

@@ -1,7 +1,9 @@
 """`--web.config.file` in the exporter-toolkit format node_exporter users already have: TLS, mTLS, basic auth.
 
-Like the exporter toolkit, the file is re-read when it changes, so renewed certificates are picked up without
-a restart; a change that does not validate is logged and the previous configuration stays in force.
+Like the exporter toolkit, the file is re-read when it or a certificate, key or client CA file it names changes
+(checked at each connection), so renewed certificates apply to the next connection without a restart; a change
+that does not validate (a new certificate written before its key, a pair that does not match) is logged and the
+previous configuration stays in force until the files are whole again.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class WebConfig:
     client_auth_type: str = "NoClientCert"
     users: dict[str, bytes] = field(default_factory=dict)  # name -> bcrypt hash
     headers: dict[str, str] = field(default_factory=dict)
+    files: tuple[str, ...] = ()  # the certificate, key and client CA files read: a change to one reloads
 
 
 def _mapping(value: Any, key: str, allowed: set[str], problems: list[str]) -> dict[str, Any]:
@@ -95,7 +98,9 @@ def _file(base: str, value: Any, key: str, problems: list[str]) -> str | None:
     return path
 
 
-def _tls_context(data: dict[str, Any], base: str, problems: list[str]) -> tuple[ssl.SSLContext | None, str]:
+def _tls_context(
+    data: dict[str, Any], base: str, problems: list[str]
+) -> tuple[ssl.SSLContext | None, str, tuple[str, ...]]:
     key = "tls_server_config"
     cert = _file(base, data.get("cert_file"), f"{key}.cert_file", problems) if "cert_file" in data else None
     private = _file(base, data.get("key_file"), f"{key}.key_file", problems) if "key_file" in data else None
@@ -125,10 +130,11 @@ def _tls_context(data: dict[str, Any], base: str, problems: list[str]) -> tuple[
     )
     if unknown:
         problems.append(f"{key}.cipher_suites: unsupported: {', '.join(map(str, unknown))}")
+    files = tuple(f for f in (cert, private, ca) if f)
     if problems or cert is None or private is None:
         if not problems and data:
             problems.append(f"{key}: cert_file and key_file are required for TLS")
-        return None, auth
+        return None, auth, files
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version, context.maximum_version = versions
     try:
@@ -139,20 +145,20 @@ def _tls_context(data: dict[str, Any], base: str, problems: list[str]) -> tuple[
             context.set_ciphers(":".join(CIPHER_SUITES[s] for s in suites))
     except (ssl.SSLError, OSError) as err:
         problems.append(f"{key}: cannot load certificates: {err}")
-        return None, auth
+        return None, auth, files
     context.verify_mode = CLIENT_AUTH_TYPES[auth]
     if auth in ("RequestClientCert", "RequireAnyClientCert") and not ca:
         # Python cannot accept an unverified certificate; without a CA these behave as NoClientCert would
         # for RequestClientCert, and refuse every client for RequireAnyClientCert.
         context.verify_mode = ssl.CERT_NONE if auth == "RequestClientCert" else ssl.CERT_REQUIRED
-    return context, auth
+    return context, auth, files
 
 
 def parse(document: Any, base: str = ".") -> WebConfig:
     problems: list[str] = []
     top = _mapping(document, "web config", {"tls_server_config", "http_server_config", "basic_auth_users"}, problems)
     tls_data = _mapping(top.get("tls_server_config"), "tls_server_config", _TLS_KEYS, problems)
-    context, auth = _tls_context(tls_data, base, problems) if tls_data else (None, "NoClientCert")
+    context, auth, files = _tls_context(tls_data, base, problems) if tls_data else (None, "NoClientCert", ())
     http = _mapping(top.get("http_server_config"), "http_server_config", {"http2", "headers"}, problems)
     headers = http.get("headers") or {}
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
@@ -171,7 +177,7 @@ def parse(document: Any, base: str = ".") -> WebConfig:
         users[str(name)] = hashed.encode()
     if problems:
         raise ConfigError(problems)
-    return WebConfig(context, auth, users, {str(k): v for k, v in headers.items()})
+    return WebConfig(context, auth, users, {str(k): v for k, v in headers.items()}, files)
 
 
 def load(path: str) -> WebConfig:
@@ -189,29 +195,33 @@ def load(path: str) -> WebConfig:
 
 
 class WebConfigWatcher:
-    """The current web configuration; re-read when the file's modification time or size changes."""
+    """The current web configuration; re-read when the file, or a certificate, key or CA file it names, changes
+    (modification time, size, inode: a renewal that renames a new file into place counts too)."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._stamp: tuple[float, int] | None = None
+        self._stamp: tuple | None = None
         self._config = WebConfig()
         self._auth_cache: dict[tuple[str, bytes], bool] = {}
         if path:
             self._config = load(path)
-            self._stamp = self._file_stamp()
+            self._stamp = self._files_stamp(self._config)
 
-    def _file_stamp(self) -> tuple[float, int] | None:
-        try:
-            st = os.stat(self.path or "")
-            return (st.st_mtime, st.st_size)
-        except OSError:
-            return None
+    def _files_stamp(self, config: WebConfig) -> tuple:
+        stamps = []
+        for name in (self.path or "", *config.files):
+            try:
+                st = os.stat(name)
+                stamps.append((name, st.st_mtime_ns, st.st_size, st.st_ino))
+            except OSError:
+                stamps.append((name, None))
+        return tuple(stamps)
 
     def current(self) -> WebConfig:
         if not self.path:
             return self._config
-        stamp = self._file_stamp()
+        stamp = self._files_stamp(self._config)
         if stamp != self._stamp:
             with self._lock:
                 if stamp != self._stamp:
@@ -219,7 +229,8 @@ class WebConfigWatcher:
                     try:
                         self._config = load(self.path)
                         self._auth_cache.clear()
-                        log.info("reloaded web config %s", self.path)
+                        self._stamp = self._files_stamp(self._config)  # it may name other files now
+                        log.info("reloaded web config %s and the files it names", self.path)
                     except ConfigError as err:
                         log.error("web config %s not reloaded, keeping the previous one: %s", self.path, err)
         return self._config

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
-from .. import __version__, metrics
+from .. import __version__, capabilities, metrics
 from ..probe import TIMER
 
 if TYPE_CHECKING:
@@ -95,6 +95,10 @@ class VolprobeCollector(PrometheusCollector):
         build = metrics.BUILD_INFO.family()
         build.add_metric([__version__, platform.python_version(), TIMER], 1)
         yield build
+        capability = metrics.CAPABILITY_AVAILABLE.family()
+        for name, available in sorted(capabilities.known().items()):
+            capability.add_metric([name], 1.0 if available else 0.0)
+        yield capability
         exporter = self.sources.exporter
         reload_ok = metrics.CONFIG_RELOAD_SUCCESSFUL.family()
         reload_ok.add_metric([], 1.0 if exporter.last_reload_successful else 0.0)

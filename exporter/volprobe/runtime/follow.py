@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
+from .. import capabilities
 from .. import targets as targets_mod
 from ..config import Config, ConfigError, DiscoveryConfig, TargetConfig
 from ..discovery import SKIP_BY_DEFAULT, Host
@@ -193,6 +194,7 @@ class DeviceFollower:
 def udev_events() -> threading.Event | None:
     """An Event set on every block-device udev event, where udevd runs; None elsewhere (rescans do the work)."""
     if not os.path.isdir("/run/udev"):
+        capabilities.record(capabilities.UDEV_MONITOR, False, "no udevd (/run/udev is missing); rescanning sysfs")
         return None
     try:
         import pyudev
@@ -204,7 +206,8 @@ def udev_events() -> threading.Event | None:
         observer = pyudev.MonitorObserver(monitor, callback=lambda _device: event.set(), name="udev monitor")
         observer.daemon = True
         observer.start()
+        capabilities.record(capabilities.UDEV_MONITOR, True)
         return event
-    except Exception as err:  # no netlink in this container, or libudev missing
-        log.info("udev monitor unavailable (%s); following devices by rescanning sysfs", err)
+    except Exception as err:  # no netlink (RestrictAddressFamilies, a container), or libudev missing
+        capabilities.record(capabilities.UDEV_MONITOR, False, f"{err}; following devices by rescanning sysfs")
         return None

@@ -1,0 +1,77 @@
+"""Exporter conventions an SRE expects from a Prometheus exporter: flags, log formats, packaging."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tomllib
+import urllib.error
+
+import pytest
+
+from .harness import REPO, free_port, volprobe_command, write_config
+
+
+@pytest.fixture
+def no_targets(tmp_path) -> tuple[str, str]:
+    """--config of a file with no targets: these tests touch no device."""
+    return "--config", write_config(tmp_path, "targets: []\n")
+
+
+def test_json_logs_carry_the_logfmt_keys(start_exporter, no_targets):
+    exporter = start_exporter("--log.format", "json", *no_targets)
+    exporter.stop()
+    lines = [json.loads(line) for line in exporter.log().splitlines() if line.strip()]
+    assert lines, "the exporter logged something"
+    for line in lines:
+        assert {"ts", "level", "logger", "msg"} <= line.keys() and line["ts"].endswith("Z")
+    assert any("listening on" in line["msg"] for line in lines)
+
+
+def test_an_unknown_log_format_is_refused():
+    result = subprocess.run(volprobe_command("--log.format", "xml"), capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "--log.format" in result.stderr
+
+
+def test_the_telemetry_path_moves_the_metrics(start_exporter, no_targets):
+    exporter = start_exporter("--web.telemetry-path", "/probe/metrics", *no_targets)
+    assert "volprobe_build_info" in exporter.get("/probe/metrics")
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        exporter.get("/metrics")
+    assert missing.value.code == 404
+    assert 'href="/probe/metrics"' in exporter.get("/")
+
+
+@pytest.mark.parametrize("path", ["metrics", "/-/healthy"])
+def test_a_telemetry_path_that_cannot_work_is_refused(path, no_targets):
+    command = volprobe_command("--web.telemetry-path", path, *no_targets)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "--web.telemetry-path" in result.stderr
+
+
+def test_several_listen_addresses_serve_the_same_metrics(start_exporter, no_targets):
+    other = free_port()
+    exporter = start_exporter("--web.listen-address", f"127.0.0.1:{other}", *no_targets)
+    first = exporter.get("/metrics")
+    exporter.port = other
+    second = exporter.get("/metrics")
+    assert "volprobe_build_info" in first and "volprobe_build_info" in second
+    assert exporter.stop() == 0
+
+
+def test_the_daemon_runs_without_rich(start_exporter, tmp_path, no_targets):
+    """rich draws the terminal tools' tables and progress bars; the daemon must not need it."""
+    blocked = tmp_path / "blocked"
+    (blocked / "rich").mkdir(parents=True)
+    (blocked / "rich" / "__init__.py").write_text("raise ImportError('rich is blocked for this test')\n")
+    exporter = start_exporter(*no_targets, env={"PYTHONPATH": f"{blocked}:{REPO / 'exporter'}"})
+    assert "volprobe_build_info" in exporter.get("/metrics")
+    assert exporter.stop() == 0 and "Traceback" not in exporter.log()
+
+
+def test_the_license_file_and_the_spdx_string_agree():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"
+    assert "Apache License" in (REPO / "LICENSE").read_text() and "Version 2.0" in (REPO / "LICENSE").read_text()
+    # An SPDX expression in `license` needs setuptools 77 (PEP 639); older ones reject it.
+    assert "setuptools>=77" in project["build-system"]["requires"]
