@@ -4,6 +4,8 @@ Prometheus and Grafana examples, the Dockerfile."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +121,55 @@ def test_dockerfile_is_small_and_conventional():
     text = (REPO / "deploy" / "Dockerfile").read_text()
     assert text.count("FROM ") == 2 and "USER 65534" in text and 'ENTRYPOINT ["volprobe"]' in text
     assert "EXPOSE 10130" in text
+
+
+def test_instance_is_the_node_name_so_rollouts_keep_the_series():
+    (monitor,) = documents("servicemonitor.yaml")
+    for endpoint in monitor["spec"]["endpoints"]:
+        by_target = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+        instance = by_target["instance"]
+        assert instance["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
+        assert instance.get("action", "replace") == "replace" and "regex" not in instance
+
+
+def test_the_release_label_is_set_in_one_place_for_kube_prometheus_stack():
+    component = yaml.safe_load(
+        (REPO / "deploy/kubernetes/components/kube-prometheus-stack/kustomization.yaml").read_text()
+    )
+    assert component["kind"] == "Component"
+    patched = {}
+    for patch in component["patches"]:
+        (operation,) = yaml.safe_load(patch["patch"])
+        assert operation["op"] == "add" and operation["path"] == "/metadata/labels/release"
+        patched[patch["target"]["kind"]] = operation["value"]
+    assert patched == {"ServiceMonitor": "kube-prometheus-stack", "PrometheusRule": "kube-prometheus-stack"}
+    for name in ("servicemonitor.yaml", "prometheusrule.yaml"):
+        (document,) = documents(name)
+        assert isinstance(document["metadata"].get("labels"), dict), f"{name}: the patch adds to its labels"
+
+
+def test_no_unpublished_image_is_referenced():
+    (daemonset,) = documents("daemonset.yaml")
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    (image,) = kustomization["images"]
+    assert container["image"] == image["name"] == "volprobe", "the user's image replaces this name"
+    assert "docker build -f deploy/Dockerfile" in (BASE / "kustomization.yaml").read_text()
+    for path in (REPO / "deploy").rglob("*.yaml"):
+        assert "ghcr.io" not in path.read_text(), path
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not installed")
+def test_an_overlay_with_the_component_builds_with_the_release_label_and_your_image(tmp_path):
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(BASE, overlay)
+    component = os.path.relpath(REPO / "deploy/kubernetes/components/kube-prometheus-stack", overlay)
+    (overlay / "kustomization.yaml").write_text(f"resources: [{base}]\ncomponents: [{component}]\n")
+    built = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    objects = {d["kind"]: d for d in yaml.safe_load_all(built.stdout) if d}
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert objects[kind]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "registry.example.com/volprobe:0.1.0"
