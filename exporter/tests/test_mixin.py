@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -282,3 +283,26 @@ def test_every_query_parses_with_promtool(model, tmp_path):
     result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "$" not in path.read_text(), "every variable was substituted"
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('regression_factor: "2"', "regression_factor"),
+        ("latency_objective: {read: 5ms, write: [2ms]}", "latency_objective"),
+        ("selector: 7", "selector"),
+        ("- a list", "mixin"),
+    ],
+)
+def test_a_mixin_value_of_the_wrong_type_exits_2_naming_the_key(tmp_path, text, key):
+    config = tmp_path / "mixin.yml"
+    config.write_text(text + "\n")
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "volprobe.mixin", "--config", str(config), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and key in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not out.exists(), "nothing is written from a bad configuration"
