@@ -54,6 +54,9 @@ class MixinConfig:
     dashboard_tags: tuple[str, ...] = ("volprobe",)
     # Evaluation interval of the rule groups; empty: Prometheus's global evaluation_interval.
     interval: str = ""
+    # Evaluation interval of the long-window group (daily quantiles, 7-day baseline), built from the recorded
+    # short-window rates: a day's quantile need not be recomputed every 15 s.
+    long_interval: str = "5m"
 
     def seconds(self, name: str) -> float:
         return units.parse_duration(getattr(self, name))

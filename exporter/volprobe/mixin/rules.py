@@ -30,29 +30,23 @@ def _seconds_text(value: str) -> str:
     return f"{units.parse_duration(value):g}"
 
 
+def bucket_rate(c: MixinConfig) -> str:
+    """The recorded per-probe bucket rates every latency quantile is built from, named with their window as
+    kubernetes-mixin names its recorded rates (level:metric:operation)."""
+    return f"target_op_le:{LATENCY.bucket}:rate{c.rate_window}"
+
+
 def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
-    rules: list[dict[str, Any]] = []
-    buckets = f"{LATENCY.bucket}{{{c.selector}}}"
-    for name, q in QUANTILES:
-        rules.append(
-            {
-                "record": recorded(name),
-                "expr": f"histogram_quantile({q}, sum by ({BY_PROBE}, le) (rate({buckets}[{c.rate_window}])))",
-            }
-        )
-    for name, q in QUANTILES:
-        rules.append(
-            {
-                "record": recorded(f"{name}_daily"),
-                "expr": f"histogram_quantile({q}, sum by ({BY_PROBE}, le) (increase({buckets}[{c.daily_window}])))",
-            }
-        )
-    rules.append(
+    """Short windows, evaluated at the global interval: the bucket rates first, then what is built from them."""
+    rates = bucket_rate(c)
+    rules: list[dict[str, Any]] = [
         {
-            "record": recorded("p99_baseline"),
-            "expr": f"quantile_over_time(0.5, {recorded('p99')}[{c.baseline_window}])",
+            "record": rates,
+            "expr": f"sum by ({BY_PROBE}, le) (rate({LATENCY.bucket}{{{c.selector}}}[{c.rate_window}]))",
         }
-    )
+    ]
+    for name, q in QUANTILES:
+        rules.append({"record": recorded(name), "expr": f"histogram_quantile({q}, {rates})"})
     rules.append(
         {
             "record": recorded("rate"),
@@ -69,6 +63,27 @@ def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
                 ),
             }
         )
+    return rules
+
+
+def long_window_rules(c: MixinConfig) -> list[dict[str, Any]]:
+    """Days, in a group of their own evaluated every long_interval, from the recorded short-window series: the
+    daily quantiles average the recorded bucket rates over the day (in proportion to the day's bucket
+    increases, which is all a quantile needs), rather than re-reading a day of raw buckets every evaluation."""
+    rules: list[dict[str, Any]] = []
+    for name, q in QUANTILES:
+        rules.append(
+            {
+                "record": recorded(f"{name}_daily"),
+                "expr": f"histogram_quantile({q}, avg_over_time({bucket_rate(c)}[{c.daily_window}]))",
+            }
+        )
+    rules.append(
+        {
+            "record": recorded("p99_baseline"),
+            "expr": f"quantile_over_time(0.5, {recorded('p99')}[{c.baseline_window}])",
+        }
+    )
     return rules
 
 
@@ -257,11 +272,13 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
 def document(c: MixinConfig) -> dict[str, Any]:
     groups: list[dict[str, Any]] = [
         {"name": "volprobe.rules", "rules": recording_rules(c)},
+        {"name": "volprobe.rules.long", "interval": c.long_interval, "rules": long_window_rules(c)},
         {"name": "volprobe.alerts", "rules": alerting_rules(c)},
     ]
     if c.interval:
         for group in groups:
-            group["interval"] = c.interval
+            if group["name"] != "volprobe.rules.long":
+                group["interval"] = c.interval
             group.update({"rules": group.pop("rules")})
     return {"groups": groups}
 
