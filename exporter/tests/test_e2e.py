@@ -23,6 +23,7 @@ TEST_SIZED = {
     "rate_window": "30s",
     "daily_window": "5m",
     "baseline_window": "2m",
+    "long_interval": "2s",  # the long group (daily quantiles, baseline) as often as the rest, in minutes of test
     "latency_objective_for": "10s",
     "regression_for": "6s",
     # Under this test's load (six lab volumes, fio, Prometheus on two cores) the lab's tail latency wobbles
