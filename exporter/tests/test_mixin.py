@@ -246,6 +246,22 @@ def test_job_and_instance_variables(model):
                 assert "$job" in target["expr"] and "$instance" in target["expr"], target["expr"]
 
 
+def test_every_panel_says_what_it_shows(model):
+    for panel in panels(model):
+        assert len(panel.get("description", "")) >= 20, f"{model['title']}: {panel['title']} has no description"
+
+
+def test_the_volume_dashboard_never_sums_volumes_of_different_hosts():
+    model = json.loads((REPO / "dashboards" / "volprobe-volume.json").read_text())
+    variables = {v["name"]: v for v in model["templating"]["list"]}
+    for name in ("instance", "target"):
+        assert not variables[name].get("multi") and not variables[name].get("includeAll"), name
+    for panel in panels(model):
+        for target in panel.get("targets", []):
+            if "volprobe_" in target["expr"] or "target_op:" in target["expr"]:
+                assert 'instance=~"$instance"' in target["expr"], target["expr"]
+
+
 def test_rates_use_rate_interval(model):
     for panel in panels(model):
         for target in panel.get("targets", []):

@@ -121,7 +121,9 @@ def series(
     return panel
 
 
-def variables(d, *extra):
+def variables(d, *extra, one_instance: bool = False):
+    """datasource, job and instance, then `extra`. one_instance: a single instance, no "All" (the Volume
+    dashboard: a target name can repeat on several hosts, whose buckets must never be summed)."""
     d = d.with_variable(dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"))
     d = d.with_variable(
         dashboard.QueryVariable("job")
@@ -138,8 +140,8 @@ def variables(d, *extra):
         .datasource(DS)
         .query(f'label_values({BUILD_INFO}{{job=~"$job"}}, instance)')
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .multi(True)
-        .include_all(True)
+        .multi(not one_instance)
+        .include_all(not one_instance)
     )
     for variable in extra:
         d = d.with_variable(variable)
@@ -248,27 +250,47 @@ def fleet(c: MixinConfig):
     )
     d = d.with_panel(worst)
     d = d.with_panel(
-        series(layout, "Write p99 by volume", "s", [query("A", p(0.99, "write"), "{{instance}} {{target}}")])
+        series(
+            layout,
+            "Write p99 by volume",
+            "s",
+            [query("A", p(0.99, "write"), "{{instance}} {{target}}")],
+            description="p99 of each volume's queue-depth-1 write probes, from the histogram over $__rate_interval.",
+        )
     )
     d = d.with_panel(
-        series(layout, "Read p99 by volume", "s", [query("A", p(0.99, "read"), "{{instance}} {{target}}")])
+        series(
+            layout,
+            "Read p99 by volume",
+            "s",
+            [query("A", p(0.99, "read"), "{{instance}} {{target}}")],
+            description="p99 of each volume's queue-depth-1 read probes, from the histogram over $__rate_interval.",
+        )
     )
-    for title, expr, unit in (
+    for title, expr, unit, description in (
         (
             "Throttled disks",
             f"sum(max by (instance, device) ({THROTTLE_ACTIVE}{{{BASE}}})) or vector(0)",
             "none",
+            "Disks whose I/O sits on a flat ceiling (a provider's IOPS or bandwidth cap) right now.",
         ),
         (
             "Failing probes",
             f"count(sum by (instance, target, op) (increase({FAILURES}{{{BASE}}}[$__rate_interval])) > 0) or vector(0)",
             "none",
+            "Probes (target and op) with at least one failed request over $__rate_interval.",
         ),
-        ("Warm-ups running", f'sum({WARMUP_STATE}{{{BASE}, state="running"}}) or vector(0)', "none"),
+        (
+            "Warm-ups running",
+            f'sum({WARMUP_STATE}{{{BASE}, state="running"}}) or vector(0)',
+            "none",
+            "Volumes being read end to end so that their blocks stop costing a first-touch penalty.",
+        ),
         (
             "Stuck probes",
             f"count({INFLIGHT}{{{BASE}}} > {units.parse_duration(c.stall_threshold):g}) or vector(0)",
             "none",
+            f"Probes whose request has been in the kernel for more than {c.stall_threshold}: a hung volume.",
         ),
     ):
         panel_id, position = layout.place(6, 4)
@@ -276,6 +298,7 @@ def fleet(c: MixinConfig):
             stat.Panel()
             .id(panel_id)
             .title(title)
+            .description(description)
             .datasource(DS)
             .grid_pos(position)
             .unit(unit)
@@ -309,6 +332,7 @@ def volume(c: MixinConfig):
         target_variable("target", "target"),
         device_var,
         disk_var,
+        one_instance=True,
     )
     dev = f'{BASE}, device="$device"'
     disk = f'{BASE}, device="$disk"'
@@ -368,6 +392,8 @@ def volume(c: MixinConfig):
                 query("C", f"{metrics.THROTTLE_CEILING_OPS.name}{{{disk}}}", "ceiling {{dir}} {{device}}"),
                 query("D", f"{metrics.LIMIT_OPS.name}{{{TARGET}}}", "limit"),
             ],
+            description="All I/O of the disk (from diskstats, the probes' included), the ceiling the throttle detector "
+            "found, and the limit configured for the target.",
         )
     )
     d = d.with_panel(
@@ -381,6 +407,7 @@ def volume(c: MixinConfig):
                 query("C", f"{metrics.THROTTLE_CEILING_BYTES.name}{{{disk}}}", "ceiling {{dir}} {{device}}"),
                 query("D", f"{metrics.LIMIT_BYTES.name}{{{TARGET}}}", "limit"),
             ],
+            description="Bytes per second of the disk (from diskstats), the ceiling found, and the configured limit.",
         )
     )
     d = d.with_panel(
@@ -400,6 +427,7 @@ def volume(c: MixinConfig):
                     "write",
                 ),
             ],
+            description="Average time per request of all the disk's I/O (the workload's, not only the probes').",
         )
     )
     d = d.with_panel(
@@ -411,6 +439,8 @@ def volume(c: MixinConfig):
                 query("A", f"rate({metrics.DISK_IO_TIME_WEIGHTED.spec.total}{{{dev}}}[$__rate_interval])", "average"),
                 query("B", f"{metrics.DISK_IO_NOW.spec.name}{{{dev}}}", "in flight at scrape"),
             ],
+            description="Requests in flight: the average (weighted I/O time) and the count at each scrape. A cap shows "
+            "as a queue that grows while the IOPS stay flat.",
         )
     )
     d = d.with_panel(
@@ -447,6 +477,8 @@ def volume(c: MixinConfig):
                 ),
                 query("C", f"increase({metrics.PROBE_ZERO_READS.total}{{{TARGET}}}[$__rate_interval])", "zero reads"),
             ],
+            description="Counts per $__rate_interval: failed probes by errno, slots skipped because the previous probe "
+            "was still running, and reads that returned only zeros (blocks never written: a volume not yet warm).",
         )
     )
     d = d.with_panel(
@@ -474,6 +506,7 @@ def warmup(c: MixinConfig):
         bargauge.Panel()
         .id(panel_id)
         .title("Progress per volume")
+        .description("Share of each volume's blocks read once by its warm-up.")
         .datasource(DS)
         .grid_pos(position)
         .unit("percentunit")
@@ -486,6 +519,7 @@ def warmup(c: MixinConfig):
         table.Panel()
         .id(panel_id)
         .title("Time to warm")
+        .description("Estimated time left for each warm-up at its current rate.")
         .datasource(DS)
         .grid_pos(position)
         .unit("s")
@@ -508,6 +542,7 @@ def warmup(c: MixinConfig):
             [
                 query("A", f"deriv({metrics.WARMUP_DONE.name}{{{BASE}}}[$__rate_interval])", "{{instance}} {{target}}"),
             ],
+            description="Bytes per second each warm-up reads (it runs in the idle I/O class, at its configured rate).",
         )
     )
     panel_id, position = layout.place(12, 8)
@@ -515,6 +550,7 @@ def warmup(c: MixinConfig):
         statetimeline.Panel()
         .id(panel_id)
         .title("State")
+        .description("Each warm-up's state over time: pending, running, done or failed.")
         .datasource(DS)
         .grid_pos(position)
         .with_target(query("A", f"{WARMUP_STATE}{{{BASE}}} == 1", "{{target}} {{state}}"))
