@@ -262,6 +262,36 @@ def test_the_volume_dashboard_never_sums_volumes_of_different_hosts():
                 assert 'instance=~"$instance"' in target["expr"], target["expr"]
 
 
+def test_the_fleet_table_has_a_unit_per_column_and_links_each_volume_to_its_dashboard():
+    fleet = json.loads((REPO / "dashboards" / "volprobe-fleet.json").read_text())
+    volume = json.loads((REPO / "dashboards" / "volprobe-volume.json").read_text())
+    (table,) = [p for p in panels(fleet) if p["type"] == "table"]
+    overrides = {
+        o["matcher"]["options"]: {q["id"]: q["value"] for q in o["properties"]}
+        for o in table["fieldConfig"]["overrides"]
+    }
+    assert table["fieldConfig"]["defaults"]["unit"] == "s"  # the quantile columns
+    assert {name: overrides[name]["unit"] for name in ("throttled", "errors", "warm-up")} == {
+        "throttled": "bool_yes_no",
+        "errors": "none",
+        "warm-up": "percentunit",
+    }
+    (link,) = overrides["target"]["links"]
+    assert link["url"].startswith(f"/d/{volume['uid']}/")
+    assert (
+        "var-instance=${__data.fields.instance}" in link["url"] and "var-target=${__data.fields.target}" in link["url"]
+    )
+
+
+def test_the_volume_dashboard_links_to_its_warm_up_and_migration_views():
+    uids = {json.loads(p.read_text())["title"]: json.loads(p.read_text())["uid"] for p in DASHBOARDS}
+    volume = json.loads((REPO / "dashboards" / "volprobe-volume.json").read_text())
+    urls = [link["url"] for link in volume["links"]]
+    for title in ("volprobe / Warm-up", "volprobe / Migration"):
+        assert any(url.startswith(f"/d/{uids[title]}/") and "${instance:queryparam}" in url for url in urls), title
+    assert all(link["keepTime"] for link in volume["links"])
+
+
 def test_rates_use_rate_interval(model):
     for panel in panels(model):
         for target in panel.get("targets", []):

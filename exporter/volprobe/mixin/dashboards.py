@@ -25,8 +25,10 @@ from grafana_foundation_sdk.builders import (
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models.dashboard import (
+    DashboardLinkType,
     DataSourceRef,
     DataTransformerConfig,
+    DynamicConfigValue,
     GridPos,
     VariableRefresh,
 )
@@ -247,6 +249,26 @@ def fleet(c: MixinConfig):
         )
         .sort_by([common.TableSortByFieldState().display_name("write p99").desc(True)])
         .unit("s")
+        # Units per column: only the quantiles are seconds.
+        .override_by_name("throttled", [DynamicConfigValue(id_val="unit", value="bool_yes_no")])
+        .override_by_name("errors", [DynamicConfigValue(id_val="unit", value="none")])
+        .override_by_name("warm-up", [DynamicConfigValue(id_val="unit", value="percentunit")])
+        .override_by_name(
+            "target",
+            [
+                DynamicConfigValue(
+                    id_val="links",
+                    value=[
+                        {
+                            "title": "Open ${__data.fields.target} on ${__data.fields.instance} (Volume dashboard)",
+                            "url": f"/d/{c.dashboard_uid_prefix}-volume/?${{datasource:queryparam}}&${{job:queryparam}}"
+                            "&var-instance=${__data.fields.instance}&var-target=${__data.fields.target}"
+                            "&${__url_time_range}",
+                        }
+                    ],
+                )
+            ],
+        )
     )
     d = d.with_panel(worst)
     d = d.with_panel(
@@ -334,6 +356,23 @@ def volume(c: MixinConfig):
         disk_var,
         one_instance=True,
     )
+    for name, title, extra in (
+        ("warmup", "Warm-up of this volume", ""),
+        ("migration", "Compare with another volume (Migration)", "&var-baseline=${target}"),
+    ):
+        d = d.link(
+            dashboard.DashboardLink(title)
+            .type(DashboardLinkType.LINK)
+            .url(
+                f"/d/{c.dashboard_uid_prefix}-{name}/?${{datasource:queryparam}}&${{job:queryparam}}"
+                f"&${{instance:queryparam}}{extra}"
+            )
+            .keep_time(True)
+            .include_vars(False)
+            .target_blank(False)
+            .icon("dashboard")
+            .tooltip(title)
+        )
     dev = f'{BASE}, device="$device"'
     disk = f'{BASE}, device="$disk"'
     reads, writes = metrics.DISK_READS.spec.total, metrics.DISK_WRITES.spec.total
