@@ -141,7 +141,9 @@ scrape_configs:
                 volumes["flaky"].set(fail_reads=0.0)
                 burst = "after"
             if burst == "after" and "errors" in seen and "fleet" not in seen:
-                shown = prometheus.query(substitute(fleet_errors, {"$job": "volprobe", "$instance": ".*"}))
+                shown = prometheus.query(
+                    substitute(fleet_errors, {"$cluster": ".*", "$job": "volprobe", "$instance": ".*"})
+                )
                 if any(r["metric"].get("target") == "flaky" and float(r["value"][1]) > 0 for r in shown):
                     seen["fleet"] = elapsed
             alerts = prometheus.alerts()
@@ -190,6 +192,7 @@ def check_dashboards(prometheus, port: int, devices: dict[str, str]) -> None:
     for (target, device), op in itertools.product(devices.items(), ("write", "read")):
         choices.append(
             {
+                "$cluster": ".*",
                 "$job": "volprobe",
                 "$instance": f"127.0.0.1:{port}",
                 "$target": target,

@@ -25,6 +25,7 @@ SUBSTITUTIONS = {
     "$__rate_interval": "1m",
     "$__range": "1d",
     "$__interval": "1m",
+    "$cluster": ".*",
     "$job": "volprobe",
     "$instance": "host:10130",
     "$target": "pgdata",
@@ -240,10 +241,12 @@ def test_datasource_variable_used_by_every_panel_and_target(model):
 def test_job_and_instance_variables(model):
     variables = {v["name"]: v for v in model["templating"]["list"]}
     assert "job" in variables and "instance" in variables
+    # The optional cluster: All is .*, which matches series without the label too.
+    assert variables["cluster"]["includeAll"] and variables["cluster"]["allValue"] == ".*"
     for panel in panels(model):
         for target in panel.get("targets", []):
             if "volprobe_" in target["expr"] or "target_op:" in target["expr"]:
-                assert "$job" in target["expr"] and "$instance" in target["expr"], target["expr"]
+                assert all(v in target["expr"] for v in ("$cluster", "$job", "$instance")), target["expr"]
 
 
 def test_every_panel_says_what_it_shows(model):

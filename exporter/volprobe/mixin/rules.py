@@ -17,7 +17,7 @@ READ_BYTES, WRITTEN_BYTES = metrics.DISK_READ_BYTES.spec, metrics.DISK_WRITTEN_B
 # Recorded per-device I/O rates (reads + writes): names of our own, not of one exported family.
 DISK_OPS_RATE = "device:volprobe_disk_ops:rate"
 DISK_BYTES_RATE = "device:volprobe_disk_bytes:rate"
-BY_PROBE = "job, instance, target, device, op"
+BY_PROBE = "cluster, job, instance, target, device, op"  # cluster: kept where Prometheus adds one
 QUANTILES = (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
 
 
@@ -58,7 +58,7 @@ def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
             {
                 "record": record,
                 "expr": (
-                    f"sum by (job, instance, device) (rate({read.total}{{{c.selector}}}[{c.rate_window}])"
+                    f"sum by (cluster, job, instance, device) (rate({read.total}{{{c.selector}}}[{c.rate_window}])"
                     f" + rate({write.total}{{{c.selector}}}[{c.rate_window}]))"
                 ),
             }
