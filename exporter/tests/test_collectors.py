@@ -99,3 +99,15 @@ def test_a_probes_series_go_with_it():
     del running, rendered
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.root
+def test_each_disk_under_a_target_has_its_own_series(make_loop, start_exporter):
+    """volprobe_target_disk_info: one series per whole disk (the Volume dashboard's disk variable lists them, so
+    a target on an md or dm device shows each member's diskstats and throttling)."""
+    loop = make_loop(16 * MIB)
+    exporter = start_exporter("--target", loop)
+    samples = exporter.metrics()
+    (info,) = [labels for labels, _ in samples["volprobe_target_info"]]
+    disks = {(labels["target"], labels["disk"]) for labels, v in samples["volprobe_target_disk_info"] if v == 1}
+    assert disks == {(info["target"], disk) for disk in info["disks"].split(",")} == {(info["target"], loop[5:])}

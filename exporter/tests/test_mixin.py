@@ -254,6 +254,18 @@ def test_every_panel_says_what_it_shows(model):
         assert len(panel.get("description", "")) >= 20, f"{model['title']}: {panel['title']} has no description"
 
 
+def test_the_volume_dashboard_shows_each_disk_of_a_target_on_several():
+    model = json.loads((REPO / "dashboards" / "volprobe-volume.json").read_text())
+    variables = {v["name"]: v for v in model["templating"]["list"]}
+    assert variables["disk"]["multi"] and variables["disk"]["includeAll"]
+    assert "volprobe_target_disk_info" in str(variables["disk"]["query"])
+    for panel in panels(model):
+        for target in panel.get("targets", []):
+            assert '"$disk"' not in target["expr"].replace('=~"$disk"', ""), "a list of disks needs =~"
+            if "$disk" in target["expr"]:
+                assert "{{device}}" in target["legendFormat"], "one series per disk"
+
+
 def test_the_volume_dashboard_never_sums_volumes_of_different_hosts():
     model = json.loads((REPO / "dashboards" / "volprobe-volume.json").read_text())
     variables = {v["name"]: v for v in model["templating"]["list"]}

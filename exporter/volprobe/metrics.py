@@ -202,6 +202,13 @@ TARGET_INFO = MetricSpec(
         "pod_uid",
     ),
 )
+TARGET_DISK_INFO = MetricSpec(
+    "volprobe_target_disk_info",
+    "gauge",
+    "1 for each whole disk a target's I/O lands on (one for a plain disk or partition; each member of an md or "
+    "dm device): the disks whose diskstats and throttle series belong to the target.",
+    ("target", "device", "disk"),
+)
 DEVICE_SIZE = MetricSpec("volprobe_device_size_bytes", "gauge", "Size of a probed block device.", DEVICE)
 
 # -- throttling -----------------------------------------------------------------------------------------------

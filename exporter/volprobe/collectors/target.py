@@ -16,6 +16,7 @@ class TargetCollector:
 
     def collect(self) -> list[Metric]:
         info = metrics.TARGET_INFO.family()
+        disks = metrics.TARGET_DISK_INFO.family()
         size = metrics.DEVICE_SIZE.family()
         seen: set[str] = set()
         for target in self.exporter.probes.targets():
@@ -25,7 +26,9 @@ class TargetCollector:
             fstype = target.mount.fstype if target.mount else ""
             identity = [d.kind, d.serial, d.model, d.vendor, d.wwn, d.volume_id, mountpoint, fstype]
             info.add_metric([target.name, d.name, target.path, *identity, ",".join(target.disks), pv, pod], 1)
+            for disk in target.disks:
+                disks.add_metric([target.name, d.name, disk], 1)
             if d.name not in seen:
                 seen.add(d.name)
                 size.add_metric([d.name], d.size_bytes)
-        return [info, size]
+        return [info, disks, size]

@@ -357,9 +357,10 @@ def volume(c: MixinConfig):
         dashboard.QueryVariable("disk")
         .label("disk")
         .datasource(DS)
-        .query(f"label_values({TARGET_INFO}{{{TARGET}}}, disks)")
-        .regex("/^([^,]+)/")
+        .query(f"label_values({metrics.TARGET_DISK_INFO.name}{{{TARGET}}}, disk)")
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True)  # a target on an md or dm device spans several disks: each is a series of its own
+        .include_all(True)
     )
     d = variables(
         base(c, "volume", "volprobe / Volume", "One volume in depth: probe latency, diskstats, throttling."),
@@ -386,7 +387,7 @@ def volume(c: MixinConfig):
             .tooltip(title)
         )
     dev = f'{BASE}, device="$device"'
-    disk = f'{BASE}, device="$disk"'
+    disk = f'{BASE}, device=~"$disk"'
     reads, writes = metrics.DISK_READS.spec.total, metrics.DISK_WRITES.spec.total
     read_bytes, written_bytes = metrics.DISK_READ_BYTES.spec.total, metrics.DISK_WRITTEN_BYTES.spec.total
     read_time, write_time = metrics.DISK_READ_TIME.spec.total, metrics.DISK_WRITE_TIME.spec.total
