@@ -29,7 +29,7 @@ from .harness import MIB, REPO, Samples, run, volprobe_command
 from .harness import start_prometheus as start_backfilled
 
 DAY = 86400
-STEP = 60
+STEP = 120  # seconds between the generated samples (a probe every second in between)
 END = (int(time.time()) // 3600 - 2) * 3600  # two whole hours ago: inside the head of no running server
 
 

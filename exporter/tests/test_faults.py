@@ -22,7 +22,8 @@ def count(samples, target: str, op: str = "read") -> float:
     )
 
 
-STALL_S = 60.0
+# CI's short version; the full minute of issue 13: VOLPROBE_TEST_STALL_S=60 pytest -k stalled_device
+STALL_S = float(os.environ.get("VOLPROBE_TEST_STALL_S", "25"))
 
 
 @pytest.mark.slow
