@@ -337,13 +337,20 @@ class RunningPrometheus:
             self.process.wait(10)
 
 
-def start_prometheus(config_text: str, directory: Path, ready_timeout: float = 60.0) -> RunningPrometheus:
+def start_prometheus(
+    config_text: str,
+    directory: Path,
+    ready_timeout: float = 60.0,
+    web_config: Path | None = None,
+    ready: Callable[[int], None] | None = None,
+) -> RunningPrometheus:
     """Run prometheus with `config_text` and its data in `directory`/data (made here, or backfilled before) until
-    /-/ready answers."""
+    /-/ready answers (`ready(port)` raises until it does, for a server behind `web_config`'s TLS or auth)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "prometheus.yml").write_text(config_text)
     port = free_port()
     log_path = directory / "log"
+    extra = [f"--web.config.file={web_config}"] if web_config else []
     with open(log_path, "w") as log_file:  # the child keeps its own descriptor
         process = subprocess.Popen(
             [
@@ -351,6 +358,7 @@ def start_prometheus(config_text: str, directory: Path, ready_timeout: float = 6
                 f"--config.file={directory / 'prometheus.yml'}",
                 f"--storage.tsdb.path={directory / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
+                *extra,
             ],
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -361,7 +369,10 @@ def start_prometheus(config_text: str, directory: Path, ready_timeout: float = 6
         if process.poll() is not None:
             raise AssertionError(f"prometheus exited:\n{log_path.read_text()}")
         with contextlib.suppress(OSError):
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1).read()
+            if ready is not None:
+                ready(port)
+            else:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1).read()
             return server
         time.sleep(0.2)
     server.stop()

@@ -9,16 +9,21 @@ which also compares live from the Prometheus that scraped it.
 
 from __future__ import annotations
 
+import base64
 import bisect
 import itertools
 import json
 import math
 import random
 import re
+import shutil
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 
+import bcrypt
 import pytest
 
 from volprobe.mixin import MixinConfig
@@ -115,6 +120,7 @@ def prometheus(tmp_path_factory):
     source.write_text(history(sides, days=4, seed=1, warming={"cold": [3.0, 3.0, 1.0, 1.0]}))
     run("promtool", "tsdb", "create-blocks-from", "openmetrics", str(source), str(directory / "data"))
     server = start_backfilled("global: {scrape_interval: 1m}\nscrape_configs: []\n", directory)
+    server.blocks = directory / "data"  # for a second server on the same history
     yield server
     server.stop()
 
@@ -247,6 +253,58 @@ def test_the_migration_dashboard_and_the_report_agree(prometheus):
         }
         low, high = whole[0.5][side]["bucket"]
         assert fractions[high] >= 0.5 > fractions.get(low, 0.0), (side, low, high, fractions)
+
+
+def test_a_server_behind_tls_and_basic_auth(prometheus, tmp_path):
+    """The same history served by a Prometheus with --web.config.file (TLS, basic auth), as a Thanos or Mimir
+    front would be: --ca-file, --username and --password-file reach it; without them it is an error (2)."""
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    (pki / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for command in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
+         "-subj", "/CN=compare test CA"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=prom"],
+        ["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+         "server.crt", "-days", "1", "-extfile", "san.ext"],
+    ):  # fmt: skip
+        run("openssl", *command, cwd=pki)
+    password = "compare-secret"
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=6)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(
+        f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n"
+        f"basic_auth_users: {{sre: '{hashed}'}}\n"
+    )
+    (tmp_path / "password").write_text(password + "\n")
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    authorization = "Basic " + base64.b64encode(f"sre:{password}".encode()).decode()
+
+    def ready(port: int) -> None:
+        request = urllib.request.Request(f"https://127.0.0.1:{port}/-/ready", headers={"Authorization": authorization})
+        urllib.request.urlopen(request, timeout=1, context=context).read()
+
+    # A second server on a copy of the backfilled data (the first keeps serving the other tests).
+    data = tmp_path / "secured" / "data"
+    shutil.copytree(prometheus.blocks, data, ignore=shutil.ignore_patterns("lock", "wal", "chunks_head"))
+    secured = start_backfilled(
+        "global: {scrape_interval: 1m}\nscrape_configs: []\n", tmp_path / "secured", web_config=web, ready=ready
+    )
+    try:
+        url = f"https://127.0.0.1:{secured.port}"
+        sides = ["--baseline", 'target="aws"', "--candidate", 'target="azure"', "--since", "4d", "--end", str(END)]
+        base = ["compare", "--prometheus", url, *sides, "--format", "json"]
+        auth = ["--ca-file", str(pki / "ca.crt"), "--username", "sre", "--password-file", str(tmp_path / "password")]
+        result = subprocess.run(volprobe_command(*base, *auth), capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and json.loads(result.stdout)["verdict"] == "worse", result.stderr
+        unauthenticated = subprocess.run(
+            volprobe_command(*base, "--ca-file", str(pki / "ca.crt")), capture_output=True, text=True, timeout=120
+        )
+        assert unauthenticated.returncode == 2 and "401" in unauthenticated.stderr, unauthenticated.stderr
+        untrusted = subprocess.run(volprobe_command(*base), capture_output=True, text=True, timeout=120)
+        assert untrusted.returncode == 2 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr, untrusted.stderr
+    finally:
+        secured.stop()
 
 
 def test_an_unreachable_server_is_an_error(tmp_path):
