@@ -260,7 +260,7 @@ def test_fresh_lazy_volume_rises_to_a_flat_plateau_at_its_cap(lab_volume, tmp_pa
     first write waits for the allocator) and rise to a flat plateau at it as blocks get allocated."""
     cap = 500
     volume = lab_volume(
-        size=64 * MIB,
+        size=32 * MIB,  # half the blocks to allocate: the same curve in half the time
         alloc_unit=64 * 1024,
         read_latency=0.001,
         write_latency=0.001,
@@ -277,10 +277,10 @@ def test_fresh_lazy_volume_rises_to_a_flat_plateau_at_its_cap(lab_volume, tmp_pa
         "--bs=4k",
         f"--write_iops_log={log}",
         "--log_avg_msec=1000",
-        runtime=30,
+        runtime=16,
     )
     per_second = [int(line.split(",")[1]) for line in next(tmp_path.glob("iops_iops*.log")).read_text().splitlines()]
-    assert len(per_second) >= 28
+    assert len(per_second) >= 14
     head = per_second[: max(1, len(per_second) // 10)]
     tail = per_second[-len(per_second) // 5 :]
     assert all(iops < 0.2 * cap for iops in head), per_second

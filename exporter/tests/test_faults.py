@@ -23,7 +23,7 @@ def count(samples, target: str, op: str = "read") -> float:
 
 
 # CI's short version; the full minute of issue 13: VOLPROBE_TEST_STALL_S=60 pytest -k stalled_device
-STALL_S = float(os.environ.get("VOLPROBE_TEST_STALL_S", "25"))
+STALL_S = float(os.environ.get("VOLPROBE_TEST_STALL_S", "15"))
 
 
 @pytest.mark.slow
