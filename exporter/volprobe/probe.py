@@ -429,7 +429,7 @@ class ProbeWorker:
         """Stretch the interval (throttle back-off); 1 restores the configured rate. Applies within a second."""
         self._slowdown = factor
         if self._loop is not None:
-            self._loop.set_interval(max(1, int(self.interval_s * factor * 1e9)))
+            self._loop.set_interval(self._interval_ns())
 
     @property
     def completed(self) -> int:
@@ -493,6 +493,10 @@ class ProbeWorker:
             self.probe.picker.close()
             self.probe.close()  # a worker that outlived its stop still releases its descriptor (and O_EXCL)
 
+    def _interval_ns(self) -> int:
+        """The interval in force: the configured one stretched by the throttle back-off."""
+        return max(1, int(self.interval_s * self._slowdown * 1e9))
+
     def _batch_size(self) -> int:
         """About BATCH_S of probes per trip into C (so Python wakes that often), within [8, 512]."""
         return max(8, min(512, int(BATCH_S / (self.interval_s * self._slowdown))))
@@ -502,7 +506,7 @@ class ProbeWorker:
         clock = time.perf_counter_ns
         probe = self.probe
         picker = probe.picker
-        loop.schedule(clock(), max(1, int(self.interval_s * self._slowdown * 1e9)))
+        loop.schedule(clock(), self._interval_ns())
         failures = 0
         retry_at = 0  # after a failed open: not before this (perf_counter_ns)
         while not self._stopping:
@@ -517,7 +521,7 @@ class ProbeWorker:
                     failures += 1
                     self._count_error(errno.errorcode.get(err.errno or 0, "EUNKNOWN"), f"open: {err}")
                     retry_at = clock() + self._backoff_ns(failures)
-                    loop.schedule(retry_at, max(1, int(self.interval_s * self._slowdown * 1e9)))
+                    loop.schedule(retry_at, self._interval_ns())
                     continue
             batch = [picker.next() for _ in range(self._batch_size())]
             offsets = array.array("q", [probe.io.region_start + block * probe.block_size for block, _ in batch])
@@ -547,7 +551,7 @@ class ProbeWorker:
                 self._count_error(errno.errorcode.get(code, "EUNKNOWN"), f"{where}: {os.strerror(code)}")
             # Back off, and restart the schedule after it: slots skipped while backing off are not "missed".
             retry_at = clock() + self._backoff_ns(failures)
-            loop.schedule(retry_at, max(1, int(self.interval_s * self._slowdown * 1e9)))
+            loop.schedule(retry_at, self._interval_ns())
 
     def _run_one_by_one(self) -> None:
         """Without the C module: one probe per trip through Python."""

@@ -166,8 +166,9 @@ class VolumeState:
             return True
 
 
-def write_atomically(path: str, text: str) -> None:
-    """Replace `path` with `text`: a crash leaves the old file or the new one, never half of one."""
+def write_atomically(path: str, text: str, mode: int | None = None) -> None:
+    """Replace `path` with `text`: a crash leaves the old file or the new one, never half of one. `mode`: the
+    file's permissions (else mkstemp's 0600)."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".volprobe-", dir=directory)
     try:
@@ -175,6 +176,8 @@ def write_atomically(path: str, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -7,19 +7,18 @@ failing server, specs that differ without --allow-different-specs).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import json
 import math
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from .. import units
+from ..state import write_atomically
 from . import html, source, verdict
 from .html import MissingExtra
 
@@ -333,22 +332,7 @@ def run(argv: Sequence[str]) -> int:
         print(f"volprobe compare: {err}", file=sys.stderr)
         return EXIT_ERROR
     if args.output:
-        _write_new(args.output, text)
+        write_atomically(args.output, text, mode=0o644)  # whole or not at all
     else:
         sys.stdout.write(text)
     return verdict.EXIT_STATUS[report.verdict]
-
-
-def _write_new(path: str, text: str) -> None:
-    """Whole or not at all: a temporary file beside it, renamed over it."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(prefix=".volprobe-compare-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise

@@ -283,24 +283,16 @@ def fleet(c: MixinConfig):
         )
     )
     d = d.with_panel(worst)
-    d = d.with_panel(
-        series(
-            layout,
-            "Write p99 by volume",
-            "s",
-            [query("A", p(0.99, "write"), "{{instance}} {{target}}")],
-            description="p99 of each volume's queue-depth-1 write probes, from the histogram over $__rate_interval.",
+    for op in ("write", "read"):
+        d = d.with_panel(
+            series(
+                layout,
+                f"{op.capitalize()} p99 by volume",
+                "s",
+                [query("A", p(0.99, op), "{{instance}} {{target}}")],
+                description=f"p99 of each volume's queue-depth-1 {op} probes, from the histogram over $__rate_interval.",
+            )
         )
-    )
-    d = d.with_panel(
-        series(
-            layout,
-            "Read p99 by volume",
-            "s",
-            [query("A", p(0.99, "read"), "{{instance}} {{target}}")],
-            description="p99 of each volume's queue-depth-1 read probes, from the histogram over $__rate_interval.",
-        )
-    )
     for title, expr, unit, description in (
         (
             "Throttled disks",
