@@ -1,3 +1,4 @@
+# ruff: noqa: E501 - one case per line reads best as a table
 """The exporter-toolkit web configuration format, case by case (issue 17; work in progress on this branch).
 
 Each case is what exporter-toolkit's web.Validate (and, where marked, its listener) decides, read from its
