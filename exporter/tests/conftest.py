@@ -60,6 +60,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(not_root)
 
 
+@pytest.fixture(scope="session")
+def exporter_toolkit(tmp_path_factory) -> Path:
+    """The reference web-config implementation, built once (tests/toolkit.py)."""
+    from . import toolkit
+
+    return toolkit.build(tmp_path_factory.mktemp("exporter-toolkit"))
+
+
 @pytest.fixture
 def make_loop(tmp_path: Path) -> Iterator[Callable[..., str]]:
     """make_loop(size=64MiB, direct_io=True, name=...) -> /dev/loopN over a sparse file in tmp_path."""

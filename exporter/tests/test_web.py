@@ -10,73 +10,22 @@ import shutil
 import socket
 import ssl
 import subprocess
+import time
 from pathlib import Path
 
 import bcrypt
 import pytest
 
+from . import toolkit
 from .harness import volprobe_command
+from .pki import make_pki, openssl
 
 PASSWORD = "correct horse battery staple"
 
 
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> Path:
-    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, all signed by the CA."""
-    d = tmp_path_factory.mktemp("pki")
-    openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=volprobe test CA",
-        cwd=d,
-    )
-    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name, ext in (("server", ["-extfile", "server.ext"]), ("client", [])):
-        openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            "-subj",
-            f"/CN={name}",
-            cwd=d,
-        )
-        openssl(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            f"{name}.crt",
-            "-days",
-            "2",
-            *ext,
-            cwd=d,
-        )
-    return d
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def web_config(pki: Path, tmp_path: Path, text: str) -> str:
@@ -217,8 +166,167 @@ def test_renewed_certificates_apply_to_the_next_connection(pki, tmp_path, start_
     shutil.copy(pki / "server.crt", live / "server.crt")
     shutil.copy(pki / "client.key", live / "server.key")
     assert served_serial(exporter.port, pki) == serial_of(renewed / "server.crt"), "the last good pair serves"
-    assert "not reloaded" in exporter.log() and "cannot load certificates" in exporter.log()
+    assert "not reloaded" in exporter.log() and "cannot load the certificate" in exporter.log()
     # Completed: the matching key arrives.
     shutil.copy(pki / "server.key", live / "server.key")
     assert served_serial(exporter.port, pki) == serial_of(pki / "server.crt")
     assert exporter.stop() == 0
+
+
+# -- the same behaviour as exporter-toolkit, each checked against it (tests/toolkit.py) ------------------------
+
+
+def _status(port: int, pki: Path, certificate: str | None = None, path: str = "/metrics") -> int | str:
+    """The HTTP status a real client gets, or "refused" when the TLS connection is closed or failed."""
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    if certificate:
+        context.load_cert_chain(pki / f"{certificate}.crt", pki / f"{certificate}.key")
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    try:
+        connection.request("GET", path)
+        return connection.getresponse().status
+    except (ssl.SSLError, ConnectionError, http.client.RemoteDisconnected):
+        return "refused"
+    finally:
+        connection.close()
+
+
+def _both(exporter_toolkit: Path, config: Path, tmp_path: Path, start_exporter) -> tuple[dict, toolkit.Server]:
+    """The ports of volprobe and of exporter-toolkit, serving behind the same web config."""
+    exporter = start_exporter("--web.config.file", str(config), "--config", empty_config(tmp_path), tls=True)
+    server = toolkit.Server(exporter_toolkit, config, tmp_path / "exporter-toolkit.log")
+    return {"volprobe": exporter.port, "exporter-toolkit": server.port}, server
+
+
+def test_client_allowed_sans(pki, tmp_path, start_exporter, exporter_toolkit):
+    """Only a client certificate naming an allowed SAN is served, by volprobe as by exporter-toolkit."""
+    config = tmp_path / "web.yml"
+    config.write_text(
+        f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/server.key\n"
+        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki}/ca.crt\n"
+        "  client_allowed_sans: [scraper.example]\n"
+    )
+    ports, server = _both(exporter_toolkit, config, tmp_path, start_exporter)
+    try:
+        for name, port in ports.items():
+            assert _status(port, pki, "client-allowed") == 200, name
+            assert _status(port, pki, "client-other") == "refused", name  # a SAN, not an allowed one
+            assert _status(port, pki, "client") == "refused", name  # no SAN at all
+            assert _status(port, pki) == "refused", name  # no certificate
+    finally:
+        server.stop()
+
+
+def test_rate_limit_answers_429_beyond_the_burst(pki, tmp_path, start_exporter, exporter_toolkit):
+    """A bucket of `burst` requests refilled one per interval, before authentication: volprobe and
+    exporter-toolkit give the same statuses to the same sequence."""
+    config = tmp_path / "web.yml"
+    config.write_text(
+        f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n"
+        "rate_limit: {interval: 3s, burst: 3}\n"
+        "basic_auth_users: {alice: '$2y$10$qRTBuFoULoYNA7AQ/F3ck.trZBPyjV64.oA4ZsSBCIWvXuvQlQTuu'}\n"
+    )
+    ports, server = _both(exporter_toolkit, config, tmp_path, start_exporter)
+    try:
+        statuses = {name: [_status(port, pki) for _ in range(5)] for name, port in ports.items()}
+        time.sleep(3.2)  # one token back
+        for name, port in ports.items():
+            statuses[name] += [_status(port, pki), _status(port, pki)]
+    finally:
+        server.stop()
+    assert statuses["volprobe"] == statuses["exporter-toolkit"] == [401, 401, 401, 429, 429, 401, 429]
+    # volprobe re-reads rate_limit with the rest of the file (exporter-toolkit only at start): a new limit
+    # applies to the next request, with a full bucket.
+    config.write_text(config.read_text().replace("burst: 3", "burst: 20"))
+    assert [_status(ports["volprobe"], pki) for _ in range(5)] == [401] * 5
+    config.write_text(config.read_text().replace("rate_limit: {interval: 3s, burst: 20}\n", ""))
+    assert [_status(ports["volprobe"], pki) for _ in range(25)] == [401] * 25
+
+
+def test_security_headers_on_every_response(pki, tmp_path, start_exporter):
+    """The configured headers go out on every answer: metrics, 401, 404, 405, 429 and a malformed request."""
+    headers = {
+        "Strict-Transport-Security": "max-age=31536000",
+        "X-Content-Type-Options": "nosniff",
+        "X-Frame-Options": "deny",
+        "X-XSS-Protection": "1",
+        "Content-Security-Policy": "default-src 'none'",
+    }
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    config = tmp_path / "web.yml"
+    config.write_text(
+        f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n"
+        "http_server_config:\n  headers:\n"
+        + "".join(f"    {name}: {value if name != 'X-XSS-Protection' else 1}\n" for name, value in headers.items())
+        + "rate_limit: {interval: 1m, burst: 5}\n"
+        + f"basic_auth_users: {{alice: '{hashed}'}}\n"
+    )
+    exporter = start_exporter("--web.config.file", str(config), "--config", empty_config(tmp_path), tls=True)
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    auth = {"Authorization": "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()}
+    seen = []
+    for method, path, extra in (
+        ("GET", "/metrics", auth),
+        ("GET", "/metrics", {}),
+        ("GET", "/nonesuch", auth),
+        ("POST", "/metrics", auth),
+        ("GET", "/", auth),
+        (
+            "GET",
+            "/metrics",
+            auth,
+        ),  # the 6th request handled: over the burst of 5 (a malformed one is answered before the limit, as in Go)
+    ):
+        connection = http.client.HTTPSConnection("127.0.0.1", exporter.port, context=context, timeout=10)
+        connection.request(method, path, headers=extra)
+        response = connection.getresponse()
+        response.read()
+        seen.append((response.status, {name: response.getheader(name) for name in headers}))
+        connection.close()
+        if path == "/":  # a request line that does not parse: the stdlib's own 400 page
+            with (
+                socket.create_connection(("127.0.0.1", exporter.port), timeout=10) as raw,
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+            ):
+                tls.sendall(b"NOT A REQUEST\r\n\r\n")
+                reply = tls.recv(65536).decode()
+            status_line, _, rest = reply.partition("\r\n")
+            lines = dict(line.split(": ", 1) for line in rest.split("\r\n\r\n")[0].split("\r\n") if ": " in line)
+            seen.append((int(status_line.split()[1]), {name: lines.get(name) for name in headers}))
+    assert [status for status, _ in seen] == [200, 401, 404, 405, 200, 400, 429]
+    for status, sent in seen:
+        assert sent == headers, f"response {status}"
+    assert exporter.stop() == 0
+
+
+def test_curve_and_cipher_settings_are_enforced(pki, tmp_path, start_exporter, exporter_toolkit):
+    """A curve and a TLS 1.2 suite that are configured are the only ones a client can use, in volprobe as in
+    exporter-toolkit (accepted settings are honoured, not ignored)."""
+    config = tmp_path / "web.yml"
+    config.write_text(
+        f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key, max_version: TLS12,\n"
+        "  curve_preferences: [CurveP384], cipher_suites: [TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]}\n"
+    )
+
+    def handshake(port: int, curve: str, cipher: str) -> str:
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.maximum_version = ssl.TLSVersion.TLSv1_2
+        context.set_ecdh_curve(curve)
+        context.set_ciphers(cipher)
+        try:
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+            ):
+                return tls.cipher()[0]
+        except (ssl.SSLError, ConnectionError):
+            return "refused"
+
+    ports, server = _both(exporter_toolkit, config, tmp_path, start_exporter)
+    try:
+        for name, port in ports.items():
+            assert handshake(port, "secp384r1", "ECDHE-RSA-AES128-GCM-SHA256") == "ECDHE-RSA-AES128-GCM-SHA256", name
+            assert handshake(port, "X25519", "ECDHE-RSA-AES128-GCM-SHA256") == "refused", name
+            assert handshake(port, "secp384r1", "ECDHE-RSA-AES256-GCM-SHA384") == "refused", name
+    finally:
+        server.stop()

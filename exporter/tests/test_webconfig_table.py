@@ -1,9 +1,10 @@
 # ruff: noqa: E501 - one case per line reads best as a table
-"""The exporter-toolkit web configuration format, case by case (issue 17; work in progress on this branch).
+"""The exporter-toolkit web configuration format, case by case (issue 17).
 
-Each case is what exporter-toolkit's web.Validate (and, where marked, its listener) decides, read from its
-web/tls_config.go and web/handler.go; the expectation is that volprobe decides the same, or refuses clearly,
-naming the key, what Python's ssl module cannot honour (`refuse_python`).
+Each case states what exporter-toolkit decides (web.Validate, or its listener refusing to start), and the
+test asks exporter-toolkit itself (webconfig_oracle, built from the module proxy) to confirm it; volprobe
+must decide the same, naming the key when it rejects, or refuse clearly, naming the key, what it could not
+honour (`refuse`: Python's ssl cannot, or the setting would be silently ignored).
 
 Rules taken from exporter-toolkit:
 - strict YAML: unknown keys and wrong types are errors;
@@ -23,15 +24,25 @@ Rules taken from exporter-toolkit:
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+from pathlib import Path
+
 import pytest
 
-OK, BAD, REFUSE_PYTHON = "accept", "reject", "refuse_python"
+from volprobe import webconfig
+from volprobe.config import ConfigError
 
-TLS = "tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key{extra}}}\n"
+from . import toolkit
+from .harness import volprobe_command
+from .pki import make_pki
+
+OK, BAD, REFUSE = "accept", "reject", "refuse"
 
 
 def tls(extra: str = "") -> str:
-    return TLS.replace("{extra}", extra)
+    return "tls_server_config: {cert_file: {pki}/server.crt, key_file: {pki}/server.key" + extra + "}\n"
 
 
 CASES = [
@@ -42,8 +53,8 @@ CASES = [
     ("mTLS, system roots", tls(", client_auth_type: RequireAndVerifyClientCert"), OK, ""),
     ("verify if given, system roots", tls(", client_auth_type: VerifyClientCertIfGiven"), OK, ""),
     ("verify if given, with CA", tls(", client_auth_type: VerifyClientCertIfGiven, client_ca_file: {pki}/ca.crt"), OK, ""),
-    ("any client cert", tls(", client_auth_type: RequireAnyClientCert"), REFUSE_PYTHON, "client_auth_type"),
-    ("legacy RequireClientCert", tls(", client_auth_type: RequireClientCert"), REFUSE_PYTHON, "client_auth_type"),
+    ("any client cert", tls(", client_auth_type: RequireAnyClientCert"), REFUSE, "client_auth_type"),
+    ("legacy RequireClientCert", tls(", client_auth_type: RequireClientCert"), REFUSE, "client_auth_type"),
     ("unknown client auth", tls(", client_auth_type: Sometimes"), BAD, "client_auth_type"),
     ("CA without client auth", tls(", client_ca_file: {pki}/ca.crt"), BAD, "client_ca_file"),
     ("allowed SANs", tls(", client_auth_type: RequireAndVerifyClientCert, client_ca_file: {pki}/ca.crt, "
@@ -57,7 +68,7 @@ CASES = [
      + "http_server_config: {http2: false}\n", OK, ""),
     ("server cipher order off", tls(", prefer_server_cipher_suites: false"), OK, ""),
     ("one curve", tls(", curve_preferences: [CurveP521]"), OK, ""),
-    ("several curves", tls(", curve_preferences: [CurveP256, X25519]"), REFUSE_PYTHON, "curve_preferences"),
+    ("several curves", tls(", curve_preferences: [CurveP256, X25519]"), REFUSE, "curve_preferences"),
     ("invented curve", tls(", curve_preferences: [CurveP257]"), BAD, "curve_preferences"),
     ("TLS 1.3 only", tls(", min_version: TLS13"), OK, ""),
     ("wrong TLS version", tls(", min_version: TLS111"), BAD, "min_version"),
@@ -79,15 +90,84 @@ CASES = [
      "X-Content-Type-Options"),
     ("rate limit off", "rate_limit: {interval: 0, burst: 0}\n", OK, ""),
     ("rate limit", "rate_limit: {interval: 1s, burst: 5}\n", OK, ""),
+    ("inline cert and key", "tls_server_config: {cert: {pem:server.crt}, key: {pem:server.key}}\n", OK, ""),
+    ("inline client CA", tls(", client_auth_type: RequireAndVerifyClientCert, client_ca: {pem:ca.crt}"), OK, ""),
+    ("inline cert that is not PEM", "tls_server_config: {cert: 'not a certificate', key: {pem:server.key}}\n", BAD, "tls_server_config"),
+    ("file and inline: the file wins", tls(", cert: 'not a certificate'"), OK, ""),
+    ("missing client CA file", tls(", client_auth_type: RequireAndVerifyClientCert, client_ca_file: {pki}/nonesuch"), BAD, "client_ca_file"),
+    ("request a client cert", tls(", client_auth_type: RequestClientCert"), OK, ""),
+    ("SANs on unverified certs", tls(", client_auth_type: RequestClientCert, client_allowed_sans: [client]"), REFUSE, "client_allowed_sans"),
+    ("SANs not a list", tls(", client_auth_type: RequireAndVerifyClientCert, client_ca_file: {pki}/ca.crt, client_allowed_sans: client"), BAD, "client_allowed_sans"),
+    ("RSA key exchange cipher", tls(", cipher_suites: [TLS_RSA_WITH_AES_128_GCM_SHA256]"), BAD, "cipher_suites"),
+    ("only TLS 1.3 cipher names", tls(", cipher_suites: [TLS_AES_128_GCM_SHA256]"), BAD, "cipher_suites"),
+    ("duplicate key", "tls_server_config: {}\ntls_server_config: {}\n", BAD, "tls_server_config"),
+    ("http2 not a boolean", "http_server_config: {http2: maybe}\n", BAD, "http2"),
+    ("X-Frame-Options in capitals", "http_server_config: {headers: {X-Frame-Options: DENY}}\n", BAD, "X-Frame-Options"),
+    ("rate limit, burst not a number", "rate_limit: {interval: 1s, burst: five}\n", BAD, "burst"),
+    ("rate limit, interval not a duration", "rate_limit: {interval: fast, burst: 5}\n", BAD, "interval"),
+    ("SANs without client certificates", tls(", client_allowed_sans: [scraper.example]"), REFUSE, "client_allowed_sans"),
+    ("TLS 1.0 allowed", tls(", min_version: TLS10"), REFUSE, "min_version"),
+    ("only TLS 1.3 cipher names, no http2", tls(", cipher_suites: [TLS_AES_128_GCM_SHA256]")
+     + "http_server_config: {http2: false}\n", OK, ""),
+    ("TLS on, no certificate", "tls_server_config: {min_version: TLS13}\n", OK, ""),
+    ("header value from a number", "http_server_config: {headers: {Strict-Transport-Security: 31536000}}\n", OK, ""),
+    ("rate limit in nanoseconds", "rate_limit: {interval: 1000000000, burst: 2}\n", OK, ""),
+    ("rate limit, a Go duration", "rate_limit: {interval: 1m30.5s, burst: 2}\n", OK, ""),
+    ("rate limit, no burst", "rate_limit: {interval: 1m}\n", OK, ""),
 ]  # fmt: skip
 
 
 def test_the_table_covers_the_format():
     assert len(CASES) >= 36
-    assert {c[2] for c in CASES} == {OK, BAD, REFUSE_PYTHON}
+    assert {c[2] for c in CASES} == {OK, BAD, REFUSE}
+    assert len({c[0] for c in CASES}) == len(CASES)
 
 
-@pytest.mark.skip(reason="issue 17 in progress: volprobe's web config does not implement the whole format yet")
+def write_case(directory: Path, pki: Path, index: int, text: str) -> Path:
+    """The case's file: {pki} is the test PKI's directory, {pem:NAME} a PEM file's text, inline."""
+    text = re.sub(r"\{pem:([\w.-]+)\}", lambda m: json.dumps((pki / m.group(1)).read_text()), text)
+    path = directory / f"case-{index:02d}.yml"
+    path.write_text(text.replace("{pki}", str(pki)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory, exporter_toolkit) -> dict[str, tuple[Path, tuple[str, str]]]:
+    """name -> (its file, exporter-toolkit's decision on it)."""
+    pki = make_pki(tmp_path_factory.mktemp("pki"))
+    directory = tmp_path_factory.mktemp("cases")
+    paths = [write_case(directory, pki, i, case[1]) for i, case in enumerate(CASES)]
+    decisions = toolkit.validate(exporter_toolkit, paths)
+    return {case[0]: (path, decisions[str(path)]) for case, path in zip(CASES, paths, strict=True)}
+
+
 @pytest.mark.parametrize(("name", "text", "outcome", "key"), CASES, ids=[c[0] for c in CASES])
-def test_volprobe_decides_as_exporter_toolkit(name, text, outcome, key):
-    raise NotImplementedError
+def test_volprobe_decides_as_exporter_toolkit(cases, name, text, outcome, key):
+    path, (toolkit_decision, toolkit_message) = cases[name]
+    expected = "reject" if outcome == BAD else "accept"
+    assert toolkit_decision.startswith(expected), f"exporter-toolkit: {toolkit_decision} {toolkit_message}"
+    if outcome == OK:
+        webconfig.load(str(path))
+        return
+    with pytest.raises(ConfigError) as raised:
+        webconfig.load(str(path))
+    assert key in str(raised.value), f"the problem must name {key!r}: {raised.value}"
+
+
+def test_check_config_validates_the_web_config_too(cases, tmp_path):
+    config = tmp_path / "volprobe.yml"
+    config.write_text("targets: []\n")
+    good, _ = cases["mTLS"]
+    result = subprocess.run(
+        volprobe_command("check-config", str(config), "--web.config.file", str(good)),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "web config" in result.stdout and "TLS" in result.stdout and "RequireAndVerifyClientCert" in result.stdout
+    bad, _ = cases["X-Frame-Options made up"]
+    result = subprocess.run(
+        volprobe_command("check-config", str(config), "--web.config.file", str(bad)),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "http_server_config.headers.X-Frame-Options" in result.stderr

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from . import __version__, capabilities, ops, safety, targets, units, warmup
+from . import __version__, capabilities, ops, safety, targets, units, warmup, webconfig
 from .collectors import Sources, VolprobeCollector, add_flags, enabled_from_args
 from .config import Config, ConfigError, ProbeConfig, TargetConfig, WarmupConfig, from_paths, load
 from .discovery import Host
@@ -251,12 +251,14 @@ def _describe_probe(probe: ProbeConfig) -> str:
 def run_check_config(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="volprobe check-config", description="Validate a config, print its targets.")
     parser.add_argument("file")
+    parser.add_argument("--web.config.file", dest="web_config", help="also validate this exporter-toolkit web config")
     _add_path_flags(parser)
     args = parser.parse_args(argv)
     host = _host(args)
     try:
         config = load(args.file)
         resolved = targets.resolve(config, host)
+        web = webconfig.load(args.web_config) if args.web_config else None
     except ConfigError as err:
         return _report(err)
     print(f"{args.file}: OK, {len(resolved)} target(s), window {units.format_duration(config.window)}")
@@ -278,7 +280,23 @@ def run_check_config(argv: Sequence[str]) -> int:
             print(f"    {key} {pattern!r}: {found}")
         for probe in d.probes:
             print(f"    {_describe_probe(probe)}")
+    if web is not None:
+        print(f"{args.web_config}: OK, web config: {_describe_web(web)}")
     return 0
+
+
+def _describe_web(web: webconfig.WebConfig) -> str:
+    parts = [f"TLS, client certificates {web.client_auth_type}" if web.tls else "no TLS (plain HTTP)"]
+    if web.allowed_sans is not None:
+        parts.append(f"client SANs {', '.join(web.allowed_sans) or '(none)'}")
+    if web.users:
+        parts.append(f"basic auth ({len(web.users)} users)")
+    if web.rate_limit:
+        every = units.format_duration(web.rate_limit.interval_s)
+        parts.append(f"rate limit 1 request per {every}, burst {web.rate_limit.burst}")
+    if web.headers:
+        parts.append(f"headers {', '.join(web.headers)}")
+    return "; ".join(parts)
 
 
 # -- devices -------------------------------------------------------------------------------------------

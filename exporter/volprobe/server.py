@@ -26,7 +26,7 @@ from prometheus_client.exposition import choose_encoder, generate_latest
 from . import __version__
 from .exposition import generate_text
 from .osthread import name_this_thread
-from .webconfig import WebConfigWatcher
+from .webconfig import TokenBucket, WebConfig, WebConfigWatcher, certificate_sans
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -111,6 +111,7 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         self._stopping = False
         self._stopped = threading.Event()
         self._stopped.set()  # not serving yet: shutdown() has nothing to wait for
+        self._bucket: TokenBucket | None = None  # rate_limit: one per listener, as in exporter-toolkit
         super().__init__((host or "::", address[1]), _Handler)
 
     def serve_forever(self, poll_interval: float = 0.0) -> None:
@@ -143,6 +144,15 @@ class ExporterHTTPServer(ThreadingHTTPServer):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
+    def allow(self, config: WebConfig) -> bool:
+        """rate_limit: False when the request is over the limit (answered 429, before authentication)."""
+        if config.rate_limit is None:
+            return True
+        bucket = self._bucket
+        if bucket is None or bucket.limit != config.rate_limit:  # a changed limit starts a full bucket
+            bucket = self._bucket = TokenBucket(config.rate_limit)
+        return bucket.allow()
+
     def _render(self, accept: str) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)
         if encoder is generate_latest:  # the text format: the same bytes, rendered faster
@@ -171,6 +181,11 @@ class ExporterHTTPServer(ThreadingHTTPServer):
             except (ssl.SSLError, OSError) as err:
                 log.debug("TLS handshake with %s failed: %s", client_address[0], err)
                 return
+            if config.allowed_sans is not None and not _allowed(connection, config.allowed_sans):
+                # Go's exporter-toolkit fails the handshake here; the connection is closed unanswered alike.
+                log.debug("client %s refused: no SAN in client_allowed_sans", client_address[0])
+                connection.close()
+                return
         try:
             connection.settimeout(REQUEST_TIMEOUT_S)
             _Handler(connection, client_address, self)
@@ -180,6 +195,12 @@ class ExporterHTTPServer(ThreadingHTTPServer):
 
     def handle_error(self, request, client_address) -> None:  # type: ignore[override]
         log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+
+
+def _allowed(connection: ssl.SSLSocket, allowed: tuple[str, ...]) -> bool:
+    """client_allowed_sans: the verified client certificate names one of them."""
+    certificate = connection.getpeercert()
+    return bool(certificate) and any(name in allowed for name in certificate_sans(certificate))
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -197,11 +218,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        for name, value in {**self.server.web.current().headers, **(extra or {})}.items():
+        for name, value in (extra or {}).items():
             self.send_header(name, value)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
+
+    def end_headers(self) -> None:
+        # The security headers of http_server_config go on every response, the stdlib's error pages too.
+        for name, value in self.server.web.current().headers.items():
+            self.send_header(name, value)
+        super().end_headers()
+
+    def _over_limit(self) -> bool:
+        if self.server.allow(self.server.web.current()):
+            return False
+        self._send(429, b"Too Many Requests\n", "text/plain; charset=utf-8")
+        return True
 
     def do_HEAD(self) -> None:
         self.do_GET()
@@ -209,11 +242,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _method_not_allowed(self) -> None:
         """Scrapes are GET (or HEAD): anything else gets 405 and what is allowed, not the stdlib's 501."""
         self.close_connection = True
+        if self._over_limit():
+            return
         self._send(405, b"Method Not Allowed\n", "text/plain; charset=utf-8", {"Allow": "GET, HEAD"})
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _method_not_allowed
 
     def do_GET(self) -> None:
+        if self._over_limit():
+            return
         config = self.server.web.current()
         if not self.server.web.authorized(config, self.headers.get("Authorization")):
             self._send(

@@ -1,4 +1,9 @@
-"""`--web.config.file` in the exporter-toolkit format node_exporter users already have: TLS, mTLS, basic auth.
+"""`--web.config.file` in the exporter-toolkit format, all of it: the same web-config.yml node_exporter reads.
+
+Every key, default and error is exporter-toolkit's (web/tls_config.go, web/handler.go; the tests hold a table of
+cases checked against exporter-toolkit itself). Where Python's ssl module cannot do what Go does (a certificate
+required but not verified, several curves, TLS below 1.2), the file is refused naming the key: a setting is never
+accepted and then ignored.
 
 Like the exporter toolkit, the file is re-read when it or a certificate, key or client CA file it names changes
 (checked at each connection), so renewed certificates apply to the next connection without a restart; a change
@@ -10,12 +15,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
+import re
 import ssl
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,20 +36,26 @@ from .config import ConfigError, key_path
 
 log = logging.getLogger(__name__)
 
+TLS_KEY = "tls_server_config"
 CLIENT_AUTH_TYPES = {
     "NoClientCert": ssl.CERT_NONE,
-    "RequestClientCert": ssl.CERT_OPTIONAL,
-    "RequireAnyClientCert": ssl.CERT_REQUIRED,
+    # Go asks for a certificate and never checks it; nothing depends on it, so it is not asked for (Python
+    # could only ask for one it then verifies).
+    "RequestClientCert": ssl.CERT_NONE,
+    "RequireAnyClientCert": None,  # required but not verified: Python's ssl cannot
+    "RequireClientCert": None,  # exporter-toolkit's old name for RequireAnyClientCert
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
+_VERIFYING = ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
     "TLS11": ssl.TLSVersion.TLSv1_1,
     "TLS12": ssl.TLSVersion.TLSv1_2,
     "TLS13": ssl.TLSVersion.TLSv1_3,
 }
-# Go (IANA) names of the TLS 1.2 suites Go supports, as OpenSSL names them.
+# Go's tls.CipherSuites(), by their Go (IANA) names. TLS 1.2 suites map to OpenSSL's names; Go ignores the TLS
+# 1.3 ones in this list (1.3 suites are not configurable in Go), and so does OpenSSL's cipher string.
 CIPHER_SUITES = {
     "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
     "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
@@ -52,146 +68,463 @@ CIPHER_SUITES = {
     "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
     "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
 }
-_TLS_KEYS = {
+TLS13_SUITES = {"TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256"}
+# Go's net/http refuses to serve HTTP/2 over TLS 1.2 unless one of these is allowed.
+HTTP2_REQUIRED_SUITES = {"TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256"}
+CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1", "X25519": "X25519"}
+# Security headers exporter-toolkit lets a config set, with the only values allowed (None: any value).
+HEADERS: dict[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None,
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": None,
+    "Content-Security-Policy": None,
+}
+_TLS_FIELDS = {
+    "cert",
+    "key",
+    "client_ca",
     "cert_file",
     "key_file",
     "client_auth_type",
     "client_ca_file",
+    "cipher_suites",
+    "curve_preferences",
     "min_version",
     "max_version",
-    "cipher_suites",
     "prefer_server_cipher_suites",
-    "curve_preferences",
+    "client_allowed_sans",
 }
+_PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
+_BCRYPT = re.compile(r"^\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}$")
+_GO_DURATION = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_NULL, _BOOL, _INT, _FLOAT = (f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float"))
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """golang.org/x/time/rate's limiter as exporter-toolkit sets it up: one token per interval, `burst` at most."""
+
+    interval_s: float
+    burst: int
 
 
 @dataclass
 class WebConfig:
     tls: ssl.SSLContext | None = None
     client_auth_type: str = "NoClientCert"
+    allowed_sans: tuple[str, ...] | None = None  # None: any client the TLS settings let in
     users: dict[str, bytes] = field(default_factory=dict)  # name -> bcrypt hash
     headers: dict[str, str] = field(default_factory=dict)
+    http2: bool = True  # validated as Go's server does; volprobe answers in HTTP/1.1 (ALPN) either way
+    rate_limit: RateLimit | None = None
     files: tuple[str, ...] = ()  # the certificate, key and client CA files read: a change to one reloads
 
 
-def _mapping(value: Any, key: str, allowed: set[str], problems: list[str]) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        problems.append(f"{key}: must be a mapping")
-        return {}
-    for name in value:
-        if name not in allowed:
-            supported = ", ".join(sorted(allowed))
-            problems.append(f"{key_path(key, name)}: unknown or unsupported key (supported: {supported})")
-    return value
+# -- strict YAML, decoded as yaml.v2's UnmarshalStrict decodes it -----------------------------------------
 
 
-def _file(base: str, value: Any, key: str, problems: list[str]) -> str | None:
-    if not isinstance(value, str) or not value:
-        problems.append(f"{key}: must be a file name")
+class _Decoder:
+    """Reads YAML nodes into values the way Go's yaml.v2 fills a struct: unknown and repeated keys are errors,
+    a string field takes any scalar's text (`X-XSS-Protection: 1` is "1"), null leaves the zero value."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def fail(self, key: str, message: str) -> None:
+        self.problems.append(f"{key}: {message}")
+
+    def mapping(self, node: yaml.Node | None, key: str, fields: set[str] | None = None) -> dict[str, yaml.Node]:
+        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            self.fail(key, f"must be a mapping, not {_shown(node)}")
+            return {}
+        result: dict[str, yaml.Node] = {}
+        for name_node, value in node.value:
+            name = name_node.value if isinstance(name_node, yaml.ScalarNode) else str(name_node.value)
+            where = key_path(key, name)
+            if name in result:
+                self.fail(where, "set twice")
+            elif fields is not None and name not in fields:
+                self.fail(where, f"unknown key (known: {', '.join(sorted(fields))})")
+            else:
+                result[name] = value
+        return result
+
+    def string(self, node: yaml.Node | None, key: str) -> str:
+        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
+            return ""
+        if not isinstance(node, yaml.ScalarNode):
+            self.fail(key, f"must be a string, not {_shown(node)}")
+            return ""
+        return node.value
+
+    def boolean(self, node: yaml.Node | None, key: str, default: bool) -> bool:
+        if node is None:
+            return default
+        if isinstance(node, yaml.ScalarNode) and node.tag == _NULL:
+            return False
+        if isinstance(node, yaml.ScalarNode) and node.tag == _BOOL:
+            return bool(yaml.SafeLoader.construct_yaml_bool(_CONSTRUCTOR, node))
+        self.fail(key, f"must be true or false, not {_shown(node)}")
+        return default
+
+    def integer(self, node: yaml.Node | None, key: str) -> int:
+        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
+            return 0
+        if isinstance(node, yaml.ScalarNode) and node.tag == _INT:
+            return int(yaml.SafeLoader.construct_yaml_int(_CONSTRUCTOR, node))
+        if isinstance(node, yaml.ScalarNode) and node.tag == _FLOAT:
+            number = yaml.SafeLoader.construct_yaml_float(_CONSTRUCTOR, node)
+            if number == int(number):
+                return int(number)
+        self.fail(key, f"must be a whole number, not {_shown(node)}")
+        return 0
+
+    def duration(self, node: yaml.Node | None, key: str) -> float:
+        """A Go duration (`1s`, `1m30s`, `250ms`) or a whole number of nanoseconds, as yaml.v2 reads one."""
+        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
+            return 0.0
+        if isinstance(node, yaml.ScalarNode) and node.tag == _INT:
+            return self.integer(node, key) * 1e-9
+        text = node.value if isinstance(node, yaml.ScalarNode) else ""
+        seconds = parse_go_duration(text)
+        if seconds is None:
+            self.fail(key, f"{text or _shown(node)!r} is not a duration (e.g. 1s, 500ms, 1m)")
+            return 0.0
+        return seconds
+
+    def strings(self, node: yaml.Node | None, key: str) -> list[str] | None:
+        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
+            return None
+        if not isinstance(node, yaml.SequenceNode):
+            self.fail(key, f"must be a list, not {_shown(node)}")
+            return None
+        return [self.string(item, f"{key}[{i}]") for i, item in enumerate(node.value)]
+
+
+_CONSTRUCTOR = yaml.SafeLoader("")
+
+
+def _shown(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return repr(node.value)
+
+
+def parse_go_duration(text: str) -> float | None:
+    """Go's time.ParseDuration, in seconds; None if it would not parse."""
+    sign, body = (-1.0, text[1:]) if text.startswith("-") else (1.0, text.removeprefix("+"))
+    if body == "0":
+        return 0.0
+    total, position = 0.0, 0
+    for match in _GO_DURATION.finditer(body):
+        number = match.group(1)
+        if match.start() != position or number in ("", "."):
+            return None
+        total += float(number) * _GO_UNITS[match.group(2)]
+        position = match.end()
+    if not body or position != len(body):
         return None
-    path = value if os.path.isabs(value) else os.path.join(base, value)
-    if not os.path.isfile(path):
-        problems.append(f"{key}: {path} does not exist")
-        return None
-    return path
+    return sign * total
 
 
-def _tls_context(
-    data: dict[str, Any], base: str, problems: list[str]
-) -> tuple[ssl.SSLContext | None, str, tuple[str, ...]]:
-    key = "tls_server_config"
-    cert = _file(base, data.get("cert_file"), f"{key}.cert_file", problems) if "cert_file" in data else None
-    private = _file(base, data.get("key_file"), f"{key}.key_file", problems) if "key_file" in data else None
-    if ("cert_file" in data) != ("key_file" in data):
-        problems.append(f"{key}: cert_file and key_file go together")
-    auth = data.get("client_auth_type", "NoClientCert")
-    if not isinstance(auth, str) or auth not in CLIENT_AUTH_TYPES:
-        problems.append(f"{key}.client_auth_type: {auth!r} is not one of {', '.join(CLIENT_AUTH_TYPES)}")
-        auth = "NoClientCert"
-    ca = (
-        _file(base, data.get("client_ca_file"), f"{key}.client_ca_file", problems) if "client_ca_file" in data else None
+# -- the format ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _TLSSettings:
+    cert: str = ""
+    key: str = ""
+    client_ca: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    client_auth_type: str = ""
+    client_ca_file: str = ""
+    cipher_suites: list[str] = field(default_factory=list)
+    curve_preferences: list[str] = field(default_factory=list)
+    min_version: str = "TLS12"
+    max_version: str = "TLS13"
+    prefer_server_cipher_suites: bool = True
+    client_allowed_sans: list[str] | None = None
+
+    def enabled(self) -> bool:
+        """exporter-toolkit's TLSConfig.IsEnabled: any of these set turns TLS on (and then needs a pair)."""
+        return any((self.cert, self.key, self.client_ca, self.cert_file, self.key_file, self.client_ca_file)) or bool(
+            self.client_auth_type
+        )
+
+
+def _read_tls(d: _Decoder, node: yaml.Node | None, base: str) -> _TLSSettings:
+    data = d.mapping(node, TLS_KEY, _TLS_FIELDS)
+    s = _TLSSettings()
+    for name in ("cert", "key", "client_ca", "cert_file", "key_file", "client_auth_type", "client_ca_file"):
+        if name in data:
+            setattr(s, name, d.string(data[name], f"{TLS_KEY}.{name}"))
+    for name in ("cert_file", "key_file", "client_ca_file"):  # relative to the web config's directory
+        value = getattr(s, name)
+        if value and not os.path.isabs(value):
+            setattr(s, name, os.path.join(base, value))
+    for name, choices in (("cipher_suites", {*CIPHER_SUITES, *TLS13_SUITES}), ("curve_preferences", CURVES)):
+        values = d.strings(data.get(name), f"{TLS_KEY}.{name}") or []
+        unknown = [v for v in values if v not in choices]
+        if unknown:
+            d.fail(f"{TLS_KEY}.{name}", f"unknown: {', '.join(unknown)} (known: {', '.join(sorted(choices))})")
+        setattr(s, name, [v for v in values if v in choices])
+    for name in ("min_version", "max_version"):
+        if name in data:
+            value = d.string(data[name], f"{TLS_KEY}.{name}")
+            if value in TLS_VERSIONS:
+                setattr(s, name, value)
+            else:
+                d.fail(f"{TLS_KEY}.{name}", f"{value!r} is not one of {', '.join(TLS_VERSIONS)}")
+    s.prefer_server_cipher_suites = d.boolean(
+        data.get("prefer_server_cipher_suites"), f"{TLS_KEY}.prefer_server_cipher_suites", True
     )
-    if auth in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert") and "client_ca_file" not in data:
-        problems.append(f"{key}.client_ca_file: {auth} needs a client CA to verify against")
-    versions = []
-    for name, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
-        value = data.get(name, default)
-        if not isinstance(value, str) or value not in TLS_VERSIONS:
-            problems.append(f"{key}.{name}: {value!r} is not one of {', '.join(TLS_VERSIONS)}")
-            value = default
-        versions.append(TLS_VERSIONS[value])
-    suites = data.get("cipher_suites") or []
-    unknown = (
-        [s for s in suites if not isinstance(s, str) or s not in CIPHER_SUITES]
-        if isinstance(suites, list)
-        else ["(not a list)"]
-    )
-    if unknown:
-        problems.append(f"{key}.cipher_suites: unsupported: {', '.join(map(str, unknown))}")
-    files = tuple(f for f in (cert, private, ca) if f)
-    if problems or cert is None or private is None:
-        if not problems and data:
-            problems.append(f"{key}: cert_file and key_file are required for TLS")
-        return None, auth, files
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version, context.maximum_version = versions
+    s.client_allowed_sans = d.strings(data.get("client_allowed_sans"), f"{TLS_KEY}.client_allowed_sans")
+    if s.client_auth_type and s.client_auth_type not in CLIENT_AUTH_TYPES:
+        d.fail(f"{TLS_KEY}.client_auth_type", f"{s.client_auth_type!r} is not one of {', '.join(CLIENT_AUTH_TYPES)}")
+    return s
+
+
+def _pem(d: _Decoder, path: str, inline: str, key: str) -> bytes | None:
+    """The PEM text of a `*_file` key (which wins, as in exporter-toolkit) or of its inline twin."""
+    if not path:
+        return inline.encode()
     try:
-        context.load_cert_chain(cert, private)
-        if ca:
-            context.load_verify_locations(ca)
-        if suites:
-            context.set_ciphers(":".join(CIPHER_SUITES[s] for s in suites))
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        d.fail(f"{TLS_KEY}.{key}", f"cannot read {path}: {err.strerror}")
+        return None
+
+
+@contextlib.contextmanager
+def _in_memory_files(*contents: bytes) -> Iterator[list[str]]:
+    """Paths that read as these bytes, without putting a private key on disk: ssl loads pairs from paths only."""
+    fds = []
+    try:
+        for content in contents:
+            fd = os.memfd_create("volprobe-web-config", os.MFD_CLOEXEC)
+            fds.append(fd)
+            os.write(fd, content)
+        yield [f"/proc/self/fd/{fd}" for fd in fds]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _python_limits(d: _Decoder, s: _TLSSettings) -> None:
+    """What exporter-toolkit accepts and Go honours, but Python's ssl (OpenSSL through it) cannot: refused."""
+    auth = s.client_auth_type or "NoClientCert"
+    if auth in ("RequireAnyClientCert", "RequireClientCert"):
+        d.fail(
+            f"{TLS_KEY}.client_auth_type",
+            f"{auth} (a certificate required but never verified) cannot be honoured with Python's ssl; "
+            "use RequireAndVerifyClientCert with client_ca_file",
+        )
+    if s.client_allowed_sans is not None and auth not in _VERIFYING:
+        d.fail(
+            f"{TLS_KEY}.client_allowed_sans",
+            f"needs client_auth_type RequireAndVerifyClientCert or VerifyClientCertIfGiven: with {auth} "
+            "the client certificate is not verified (or not asked for), so the list could not be enforced",
+        )
+    if len(s.curve_preferences) > 1:
+        d.fail(
+            f"{TLS_KEY}.curve_preferences",
+            "Python's ssl can restrict key exchange to one curve only; list one of " + ", ".join(s.curve_preferences),
+        )
+    for name in ("min_version", "max_version"):
+        if TLS_VERSIONS[getattr(s, name)] < ssl.TLSVersion.TLSv1_2:
+            d.fail(f"{TLS_KEY}.{name}", f"{getattr(s, name)}: OpenSSL 3 does not negotiate TLS below 1.2 here")
+    if TLS_VERSIONS[s.min_version] > TLS_VERSIONS[s.max_version]:
+        d.fail(f"{TLS_KEY}.min_version", f"{s.min_version} is above max_version {s.max_version}")
+    if s.cipher_suites and not any(c in CIPHER_SUITES for c in s.cipher_suites) and s.max_version != "TLS13":
+        d.fail(f"{TLS_KEY}.cipher_suites", "only TLS 1.3 names, and max_version below TLS13: no handshake could work")
+
+
+def _context(d: _Decoder, s: _TLSSettings, http2: bool) -> tuple[ssl.SSLContext | None, tuple[str, ...]]:
+    files = tuple(f for f in (s.cert_file, s.key_file, s.client_ca_file) if f)
+    if not (s.cert_file or s.cert):
+        d.fail(f"{TLS_KEY}.cert", "missing one of cert or cert_file")
+    if not (s.key_file or s.key):
+        d.fail(f"{TLS_KEY}.key", "missing one of key or key_file")
+    auth = s.client_auth_type or "NoClientCert"
+    if (s.client_ca_file or s.client_ca) and auth == "NoClientCert":
+        key = "client_ca_file" if s.client_ca_file else "client_ca"
+        d.fail(f"{TLS_KEY}.{key}", "a client CA without client_auth_type (client certificates are not asked for)")
+    if http2 and s.cipher_suites and s.min_version != "TLS13" and not HTTP2_REQUIRED_SUITES & set(s.cipher_suites):
+        d.fail(
+            f"{TLS_KEY}.cipher_suites",
+            "HTTP/2 (http_server_config.http2, on by default) needs TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 or "
+            "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 in the list (Go's server refuses to start without one)",
+        )
+    _python_limits(d, s)
+    cert = _pem(d, s.cert_file, s.cert, "cert_file")
+    private = _pem(d, s.key_file, s.key, "key_file")
+    ca = _pem(d, s.client_ca_file, s.client_ca, "client_ca_file") if (s.client_ca_file or s.client_ca) else b""
+    if d.problems or cert is None or private is None or ca is None:
+        return None, files
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        with _in_memory_files(cert, private) as (cert_path, key_path_):
+            context.load_cert_chain(cert_path, key_path_)
     except (ssl.SSLError, OSError) as err:
-        problems.append(f"{key}: cannot load certificates: {err}")
-        return None, auth, files
-    context.verify_mode = CLIENT_AUTH_TYPES[auth]
-    if auth in ("RequestClientCert", "RequireAnyClientCert") and not ca:
-        # Python cannot accept an unverified certificate; without a CA these behave as NoClientCert would
-        # for RequestClientCert, and refuse every client for RequireAnyClientCert.
-        context.verify_mode = ssl.CERT_NONE if auth == "RequestClientCert" else ssl.CERT_REQUIRED
-    return context, auth, files
+        d.fail(TLS_KEY, f"cannot load the certificate and its key: {err}")
+        return None, files
+    context.minimum_version = TLS_VERSIONS[s.min_version]
+    context.maximum_version = TLS_VERSIONS[s.max_version]
+    tls12 = [CIPHER_SUITES[c] for c in s.cipher_suites if c in CIPHER_SUITES]
+    if tls12:
+        context.set_ciphers(":".join(tls12))
+    elif s.cipher_suites:  # only TLS 1.3 names: Go would then fail every TLS 1.2 handshake
+        context.minimum_version = ssl.TLSVersion.TLSv1_3
+    if s.curve_preferences:
+        context.set_ecdh_curve(CURVES[s.curve_preferences[0]])
+    if s.prefer_server_cipher_suites:
+        context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    else:
+        context.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
+    context.set_alpn_protocols(["http/1.1"])
+    mode = CLIENT_AUTH_TYPES[auth]
+    assert mode is not None, "refused by _python_limits"
+    context.verify_mode = mode
+    if auth in _VERIFYING:
+        if ca:
+            _load_client_cas(context, ca)
+        else:  # as Go does with no ClientCAs: the system's roots
+            context.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+    return context, files
 
 
-def parse(document: Any, base: str = ".") -> WebConfig:
-    problems: list[str] = []
-    top = _mapping(document, "web config", {"tls_server_config", "http_server_config", "basic_auth_users"}, problems)
-    tls_data = _mapping(top.get("tls_server_config"), "tls_server_config", _TLS_KEYS, problems)
-    context, auth, files = _tls_context(tls_data, base, problems) if tls_data else (None, "NoClientCert", ())
-    http = _mapping(top.get("http_server_config"), "http_server_config", {"http2", "headers"}, problems)
-    headers = http.get("headers") or {}
-    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-        problems.append("http_server_config.headers: must map header names to strings")
-        headers = {}
-    users: dict[str, bytes] = {}
-    raw_users = top.get("basic_auth_users") or {}
-    if not isinstance(raw_users, dict):
-        problems.append("basic_auth_users: must map user names to bcrypt hashes")
-        raw_users = {}
-    for name, hashed in raw_users.items():
-        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-            where = key_path("basic_auth_users", name)
-            problems.append(f"{where}: is not a bcrypt hash (htpasswd -nBC 10 \"\" | tr -d ':\\n')")
+def _load_client_cas(context: ssl.SSLContext, pem: bytes) -> None:
+    """Each certificate in the bundle that parses; like Go's AppendCertsFromPEM, the others are skipped (then
+    logged here), and a bundle with none verifies no client."""
+    loaded = 0
+    for block in _PEM_CERTIFICATE.findall(pem):
+        try:
+            context.load_verify_locations(cadata=block.decode("ascii", "replace"))
+            loaded += 1
+        except ssl.SSLError as err:
+            log.warning("web config: a client CA certificate does not parse and is skipped: %s", err)
+    if not loaded:
+        log.error("web config: the client CA has no certificate; every client certificate will be refused")
+
+
+def _read_headers(d: _Decoder, node: yaml.Node | None) -> dict[str, str]:
+    key = "http_server_config.headers"
+    headers = {name: d.string(value, key_path(key, name)) for name, value in d.mapping(node, key).items()}
+    for name, value in headers.items():
+        if name not in HEADERS:
+            d.fail(key_path(key, name), f"cannot be configured (allowed: {', '.join(HEADERS)})")
+        elif HEADERS[name] is not None and value not in HEADERS[name]:
+            d.fail(key_path(key, name), f"{value!r} is not one of {', '.join(HEADERS[name])}")
+    return headers
+
+
+def _read_users(d: _Decoder, node: yaml.Node | None) -> dict[str, bytes]:
+    users = {}
+    for name, value in d.mapping(node, "basic_auth_users").items():
+        hashed = d.string(value, key_path("basic_auth_users", name))
+        match = _BCRYPT.match(hashed)
+        if not match or not 4 <= int(match.group(1)) <= 31:
+            d.fail(
+                key_path("basic_auth_users", name),
+                "is not a bcrypt hash (make one with: htpasswd -nBC 10 \"\" | tr -d ':\\n')",
+            )
             continue
-        users[str(name)] = hashed.encode()
-    if problems:
-        raise ConfigError(problems)
-    return WebConfig(context, auth, users, {str(k): v for k, v in headers.items()}, files)
+        users[name] = hashed.encode()
+    return users
+
+
+def parse(text: str, base: str = ".") -> WebConfig:
+    """The web config in `text`; relative file names are taken from `base`. ConfigError lists every problem."""
+    d = _Decoder()
+    try:
+        document = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as err:
+        raise ConfigError([f"web config: not valid YAML: {err}"]) from None
+    top = d.mapping(document, "web config", {TLS_KEY, "http_server_config", "rate_limit", "basic_auth_users"})
+    settings = _read_tls(d, top.get(TLS_KEY), base)
+    http = d.mapping(top.get("http_server_config"), "http_server_config", {"http2", "headers"})
+    http2 = d.boolean(http.get("http2"), "http_server_config.http2", True)
+    headers = _read_headers(d, http.get("headers"))
+    limit = d.mapping(top.get("rate_limit"), "rate_limit", {"interval", "burst"})
+    interval = d.duration(limit.get("interval"), "rate_limit.interval")
+    burst = d.integer(limit.get("burst"), "rate_limit.burst")
+    users = _read_users(d, top.get("basic_auth_users"))
+    context, files = None, ()
+    if settings.enabled():
+        context, files = _context(d, settings, http2)
+    if d.problems:
+        raise ConfigError(d.problems)
+    if not settings.enabled() and top.get(TLS_KEY) is not None and d.mapping(top.get(TLS_KEY), TLS_KEY):
+        log.warning("web config: tls_server_config has no certificate, key or client auth type: TLS is off")
+    rate_limit = RateLimit(interval, burst) if interval != 0 else None
+    if rate_limit and burst <= 0:
+        log.warning("web config: rate_limit.burst is %d: every request will be refused with 429", burst)
+    return WebConfig(
+        tls=context,
+        client_auth_type=settings.client_auth_type or "NoClientCert",
+        allowed_sans=tuple(settings.client_allowed_sans) if settings.client_allowed_sans is not None else None,
+        users=users,
+        headers=headers,
+        http2=http2,
+        rate_limit=rate_limit,
+        files=files,
+    )
 
 
 def load(path: str) -> WebConfig:
     try:
-        with open(path) as f:
-            document = yaml.safe_load(f)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
     except OSError as err:
         raise ConfigError([f"{path}: cannot read: {err.strerror}"]) from None
-    except yaml.YAMLError as err:
-        raise ConfigError([f"{path}: not valid YAML: {err}"]) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError([f"{path}: not UTF-8 text: {err}"]) from None
     try:
-        return parse(document, os.path.dirname(os.path.abspath(path)))
+        return parse(text, os.path.dirname(os.path.abspath(path)))
     except ConfigError as err:
         raise ConfigError([f"{path}: {p}" for p in err.problems]) from None
+
+
+def certificate_sans(certificate: dict[str, Any]) -> list[str]:
+    """A peer certificate's subject alternative names as Go prints them: DNS names, emails, IPs, URIs."""
+    names = []
+    for kind, value in certificate.get("subjectAltName", ()):
+        if kind == "IP Address":
+            with contextlib.suppress(ValueError):
+                value = str(ipaddress.ip_address(value.strip()))
+        if kind in ("DNS", "email", "IP Address", "URI"):
+            names.append(value)
+    return names
+
+
+class TokenBucket:
+    """golang.org/x/time/rate.Limiter.Allow: a bucket of `burst` tokens, refilled one per interval."""
+
+    def __init__(self, limit: RateLimit) -> None:
+        self.limit = limit
+        self._tokens = float(limit.burst)
+        self._at = time.monotonic()
+        self._lock = threading.Lock()
+
+    def allow(self) -> bool:
+        if self.limit.interval_s < 0:  # rate.Every of a negative interval is rate.Inf: no limit
+            return True
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.limit.burst, self._tokens + (now - self._at) / self.limit.interval_s)
+            self._at = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return True
+            return False
 
 
 class WebConfigWatcher:
