@@ -377,6 +377,9 @@ def volume(c: MixinConfig):
             .target_blank(False)
             .icon("dashboard")
             .tooltip(title)
+            # The SDK puts every link in Grafana 12.3's controls menu, a key Grafana 12.2 does not know:
+            # without it the links sit in the links bar on every version.
+            .placement(None)  # type: ignore[arg-type]
         )
     dev = f'{BASE}, device="$device"'
     disk = f'{BASE}, device=~"$disk"'
