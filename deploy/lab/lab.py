@@ -61,27 +61,30 @@ def parse_size(text: str) -> int:
 FIRST_LOOP = int(os.environ.get("VOLPROBE_TEST_FIRST_LOOP", "0"))  # 0: the lowest free, as losetup --find
 
 
-def free_loop() -> str:
-    """The loop device the next attach should take: the lowest free, or with $VOLPROBE_TEST_FIRST_LOOP the first
-    free from that number (clear of the numbers something else running here is about to attach)."""
-    if not FIRST_LOOP:
+def free_loop(first: int = 0) -> str:
+    """The loop device the next attach should take: the lowest free, or with `first` (default
+    $VOLPROBE_TEST_FIRST_LOOP) the first free from that number (clear of the numbers something else running
+    here is about to attach)."""
+    first = first or FIRST_LOOP
+    if not first:
         return _run("losetup", "--find").stdout.strip()
-    for number in range(FIRST_LOOP, FIRST_LOOP + 256):
+    for number in range(first, first + 256):
         if not Path(f"/sys/block/loop{number}/loop").exists():  # not bound
             return f"/dev/loop{number}"
-    raise RuntimeError(f"no free loop device from /dev/loop{FIRST_LOOP}")
+    raise RuntimeError(f"no free loop device from /dev/loop{first}")
 
 
-def attach_loop(options: list[str], backing: str | Path) -> str:
+def attach_loop(options: list[str], backing: str | Path, first: int = 0) -> str:
     """Attach `backing` to a free loop device (see free_loop) and return it; retried if another attach took the
     device in between."""
-    if not FIRST_LOOP:
+    first = first or FIRST_LOOP
+    if not first:
         return _run("losetup", "--find", "--show", *options, str(backing)).stdout.strip()
     for _ in range(10):
-        device = free_loop()
+        device = free_loop(first)
         if _run("losetup", *options, device, str(backing), check=False).returncode == 0:
             return device
-    raise RuntimeError(f"could not attach {backing} to a loop device from /dev/loop{FIRST_LOOP}")
+    raise RuntimeError(f"could not attach {backing} to a loop device from /dev/loop{first}")
 
 
 def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -168,6 +171,20 @@ class Volume:
             return []
         return [(op, int(offset), int(length)) for op, offset, length in (line.split() for line in text.splitlines())]
 
+    def detach(self) -> None:
+        """Detach the volume's loop device, as a cloud volume is detached from the instance (its data stays)."""
+        state = self.state
+        _run("losetup", "--detach", state["device"])
+        state["device"] = ""
+        (self.dir / "state.json").write_text(json.dumps(state))
+
+    def attach(self, first_loop: int = 0) -> str:
+        """Attach it again, to the first free loop device (from `first_loop`): maybe another kernel name."""
+        state = self.state
+        state["device"] = attach_loop(["--direct-io=on"], self.backing, first_loop)
+        (self.dir / "state.json").write_text(json.dumps(state))
+        return state["device"]
+
     def set(self, wait: bool = True, **changes: object) -> dict:
         """Change live settings (seconds, bytes/s, ratios); returns the new settings once the device applies them."""
         current = self.settings()
@@ -253,6 +270,7 @@ def up(
     size: int = 256 * MIB,
     alloc_unit: int = MIB,
     calibrate: bool = True,
+    first_loop: int = 0,
     **settings: object,
 ) -> Volume:
     """Create a volume (tearing down a stale one of that name first) and return it."""
@@ -311,7 +329,7 @@ def up(
             str(volume.dir / "nbd.sock"),
         )
         state["nbdfuse_pid"] = _wait_for_pid(volume.dir / "nbdfuse.pid", "nbdfuse", volume.dir / "nbdfuse.log")
-        state["device"] = attach_loop(["--direct-io=on"], volume.backing)
+        state["device"] = attach_loop(["--direct-io=on"], volume.backing, first_loop)
         (volume.dir / "state.json").write_text(json.dumps(state))
         overhead_read, overhead_write = _calibrate(volume) if calibrate else (0.0, 0.0)
         state.update(overhead_read=overhead_read, overhead_write=overhead_write)

@@ -85,6 +85,7 @@ def test_every_alert_has_severity_summary_description_runbook_and_a_unit_test():
         "VolprobeProbesMissing",
         "VolprobeExporterDown",
         "VolprobeWarmupStalled",
+        "VolprobeWarmupFailed",
         "VolprobeConfigReloadFailed",
     }
     assert set(alerts) == expected
@@ -97,6 +98,7 @@ def test_every_alert_has_severity_summary_description_runbook_and_a_unit_test():
             "VolprobeProbesMissing",
             "VolprobeExporterDown",
             "VolprobeWarmupStalled",
+            "VolprobeWarmupFailed",
             "VolprobeConfigReloadFailed",
         )
         assert annotations["runbook_url"].endswith(f"#{name.lower()}")

@@ -8,12 +8,13 @@ import os
 import random
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from volprobe import state
-from volprobe.discovery import BlockDevice
+from volprobe.discovery import BlockDevice, Host
 from volprobe.probe import OffsetPicker
 
 from .harness import MIB, run, sample_value
@@ -26,6 +27,8 @@ def test_identity_prefers_the_most_stable_key():
     assert state.VolumeIdentity.of(EBS) == state.VolumeIdentity("volume_id:vol-0abc", "volume_id", 64 * MIB)
     loop = state.VolumeIdentity.of(LOOP)
     assert loop.key == f"name:loop3:{64 * MIB}" and not loop.stable
+    image = state.VolumeIdentity.of(replace(LOOP, backing_file="/srv/images/db.img"))
+    assert image.key == "backing_file:/srv/images/db.img" and image.stable
 
 
 def test_fresh_offsets_resume_after_a_clean_stop_and_skip_a_reservation_after_a_crash(tmp_path):
@@ -174,9 +177,7 @@ def test_a_corrupt_then_unwritable_state_directory_leaves_the_exporter_serving(t
     state_dir.mkdir()
     run("mount", "-t", "tmpfs", "-o", "size=1m", "volprobe-test-state", str(state_dir))
     try:
-        corrupt = (
-            state_dir / state.VolumeIdentity.of(BlockDevice(name, 0, 0, "loop", loop, 16 * MIB, 512, 512)).file_name()
-        )
+        corrupt = state_dir / state.VolumeIdentity.of(Host().device(name)).file_name()
         corrupt.write_text("\x00garbage")
         config = tmp_path / "volprobe.yml"
         probes = "[{op: read, interval: 10ms}]"
@@ -205,3 +206,19 @@ def test_a_corrupt_then_unwritable_state_directory_leaves_the_exporter_serving(t
         assert exporter.stop() == 0
     finally:
         run("umount", str(state_dir))
+
+
+def test_a_loop_state_of_an_earlier_version_is_carried_over_to_its_backing_file(tmp_path):
+    """Loop devices were keyed on name and size; now on the file they show. The old file's sections carry
+    over (probe cursors, warm-up), and the old file is kept as `.migrated`, never lost."""
+    old = state.StateStore(str(tmp_path)).volume(LOOP)
+    old.put("probes", {"read:device:4096:0-1": {"key": 7, "next": 25, "used": 25, "gaps": []}})
+    earlier = tmp_path / state.VolumeIdentity.of(LOOP).file_name()
+    image = replace(LOOP, backing_file="/srv/images/db.img")
+    volume = state.StateStore(str(tmp_path)).volume(image)
+    assert volume.status == "ok"
+    assert volume.get("probes")["read:device:4096:0-1"]["next"] == 25
+    assert not earlier.exists() and Path(str(earlier) + ".migrated").exists()
+    saved = json.loads((tmp_path / state.VolumeIdentity.of(image).file_name()).read_text())
+    assert saved["identity"]["key"] == "backing_file:/srv/images/db.img"
+    assert saved["sections"]["probes"]["read:device:4096:0-1"]["next"] == 25

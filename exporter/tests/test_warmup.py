@@ -193,9 +193,9 @@ targets:
     )
     assert sample_value(samples, "volprobe_warmup_done_bytes", target="restored") == 32 * MIB
     # The checkpoint is the warm-up section of the volume's state, keyed by the volume (a loop device has no
-    # serial: its name and size), not by the target's name.
-    name = os.path.basename(volume.device)
-    state = state_dir / f"volume-name_{name}_{32 * MIB}.json"
+    # serial: the file it shows), not by the target's name.
+    (state,) = state_dir.glob("volume-backing_file_*.json")
+    assert json.loads(state.read_text())["identity"]["key"] == f"backing_file:{volume.backing}"
     assert json.loads(state.read_text())["sections"]["warmup"]["phase"] == "done"
     assert exporter.stop() == 0
     assert json.loads(state.read_text())["sections"]["warmup"]["phase"] == "done"
@@ -228,6 +228,7 @@ def test_a_checkpoint_of_an_earlier_version_is_carried_over(tmp_path, lab_volume
     # The second half was read whole, the first (done before the upgrade) not again: one 4 KiB probe at most.
     assert all(count >= 64 * 1024 for count in read[half:]) and sum(read[:half]) <= 4096
     assert not (state_dir / "warmup-old.json").exists() and (state_dir / "warmup-old.json.migrated").exists()
-    state = json.loads((state_dir / f"volume-name_{os.path.basename(loop)}_{16 * MIB}.json").read_text())
+    (path,) = state_dir.glob("volume-backing_file_*.json")
+    state = json.loads(path.read_text())
     assert state["sections"]["warmup"]["phase"] == "done"
     assert exporter.stop() == 0

@@ -109,12 +109,27 @@ class ThrottleConfig:
     backoff: float = 10.0  # probes run this many times slower while their device is throttled; 1 disables
 
 
+WARMUP_POLICIES = ("new", "all")
+
+
+@dataclass(frozen=True)
+class DiscoveryWarmupConfig:
+    """`discovery.warmup`: read every block of discovered devices once. `policy` "new" warms the devices that
+    appear after the exporter started (and resumes warm-ups a restart interrupted); "all" every matching device.
+    A volume is warmed once: its state remembers it by identity."""
+
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    policy: str = "new"
+    max_concurrent: int = 2
+
+
 @dataclass(frozen=True)
 class DiscoveryConfig:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     probes: tuple[ProbeConfig, ...] = (ProbeConfig("read"),)
     rescan_interval: float = 5.0
+    warmup: DiscoveryWarmupConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -418,8 +433,18 @@ def _throttle(check: _Checker, raw: Any) -> ThrottleConfig:
     return result
 
 
+def _discovery_warmup(check: _Checker, raw: Any) -> DiscoveryWarmupConfig:
+    key = "discovery.warmup"
+    own = {"policy": _choice(WARMUP_POLICIES), "max_concurrent": _positive_int}
+    data = check.mapping(raw, key, {*_WARMUP_PARSERS, *own})
+    warmup = WarmupConfig(**check.present(data, key, _WARMUP_PARSERS))
+    if warmup.mode != "read":
+        check.fail(_join(key, "mode"), "discovered devices are only ever read: warm-up mode must be read")
+    return DiscoveryWarmupConfig(warmup, **check.present(data, key, own))
+
+
 def _discovery(check: _Checker, raw: Any, defaults: _Defaults) -> DiscoveryConfig:
-    data = check.mapping(raw, "discovery", {"include", "exclude", "probes", "rescan_interval"})
+    data = check.mapping(raw, "discovery", {"include", "exclude", "probes", "rescan_interval", "warmup"})
     probes = (
         _probes(check, data["probes"], "discovery.probes", defaults)
         if "probes" in data
@@ -429,7 +454,8 @@ def _discovery(check: _Checker, raw: Any, defaults: _Defaults) -> DiscoveryConfi
         if probe.kind.writes:
             check.fail(_join(probe.key, "op"), "discovered devices are only ever probed with reads")
     parsers = {"include": _string_list, "exclude": _string_list, "rescan_interval": _positive_duration}
-    return DiscoveryConfig(probes=probes, **check.present(data, "discovery", parsers))
+    warmup = _discovery_warmup(check, data["warmup"]) if data.get("warmup") is not None else None
+    return DiscoveryConfig(probes=probes, warmup=warmup, **check.present(data, "discovery", parsers))
 
 
 def _buckets(value: Any) -> tuple[float, ...]:

@@ -62,6 +62,7 @@ class BlockDevice:
     volume_id: str = ""
     dm_name: str = ""
     links: tuple[str, ...] = field(default=(), repr=False)
+    backing_file: str = ""  # a loop device's: the image it shows, the same whichever loop it is attached to
 
 
 def _read(path: Path) -> str:
@@ -119,6 +120,12 @@ def kubernetes_volume(*paths: str) -> tuple[str, str]:
                 groups = match.groupdict()
                 return groups.get("pv") or "", groups.get("pod") or ""
     return "", ""
+
+
+def _loop_backing_file(base: Path) -> str:
+    """The file a loop device shows; "" if none, or if it was deleted (a path then says nothing stable)."""
+    path = _read(base / "loop" / "backing_file")
+    return "" if path.endswith(" (deleted)") else path
 
 
 def ebs_volume_id(serial: str) -> str:
@@ -225,6 +232,7 @@ class Host:
             wwn=wwn,
             dm_name=_read(base / "dm" / "name"),
             links=links,
+            backing_file=_loop_backing_file(base),
         )
         volume = self._volume_id(device, links, udev)
         return replace(device, volume_id=volume) if volume else device

@@ -1,8 +1,9 @@
 """What volprobe remembers about a volume across restarts, one JSON file per volume in the state directory.
 
-A volume is known by its most stable identity: the cloud volume id, else the WWN, else the serial. A device
-with none of these (loop, zram, some virtual disks) is keyed on its kernel name and size, and its state says
-so: kernel names move between boots, so such a state may be a different volume's after a reboot.
+A volume is known by its most stable identity: the cloud volume id, else the WWN, else the serial, else (a
+loop device) the file it shows, so a re-attached image is the same volume on whichever loop it lands. A device
+with none of these (zram, some virtual disks) is keyed on its kernel name and size, and its state says so:
+kernel names move between boots, so such a state may be a different volume's after a reboot.
 
 The file holds, in sections:
 - `probes`: per probe specification, the key of the offset permutation and how far into it fresh offsets
@@ -44,7 +45,7 @@ STATUSES = ("ok", "new", "corrupt", "foreign", "unwritable")  # see VolumeState.
 @dataclass(frozen=True)
 class VolumeIdentity:
     key: str
-    source: str  # volume_id, wwn, serial, or name+size
+    source: str  # volume_id, wwn, serial, backing_file, or name+size
     size: int
 
     @classmethod
@@ -54,7 +55,7 @@ class VolumeIdentity:
         part = ""
         if device.parent and device.name.startswith(device.parent):
             part = ":part" + device.name[len(device.parent) :].lstrip("p")
-        for source in ("volume_id", "wwn", "serial"):
+        for source in ("volume_id", "wwn", "serial", "backing_file"):
             value = getattr(device, source)
             if value:
                 return cls(f"{source}:{value}{part}", source, device.size_bytes)
@@ -74,8 +75,11 @@ class VolumeIdentity:
 class VolumeState:
     """One volume's state file. Thread-safe: probes, warm-ups and the detector share it."""
 
-    def __init__(self, directory: str | None, identity: VolumeIdentity, device: str = "") -> None:
+    def __init__(
+        self, directory: str | None, identity: VolumeIdentity, device: str = "", earlier: VolumeIdentity | None = None
+    ) -> None:
         self.identity = identity
+        self._earlier = earlier  # the identity this volume had in earlier versions: its file is carried over
         self.device = device  # the kernel name it was last seen under
         self.path = os.path.join(directory, identity.file_name()) if directory else None
         self._lock = threading.Lock()
@@ -98,6 +102,7 @@ class VolumeState:
             with open(self.path) as f:
                 document = json.load(f)
         except FileNotFoundError:
+            self._carry_over()
             return
         except (OSError, ValueError) as err:
             self._set_aside("corrupt", f"unreadable or corrupt ({err})")
@@ -114,6 +119,29 @@ class VolumeState:
             self._set_aside("corrupt", "has no sections")
             return
         self._sections, self.created, self.found = sections, float(created), "ok"
+
+    def _carry_over(self) -> None:
+        """The file of this volume's earlier identity (a loop device was keyed on its name and size before its
+        backing file counted): its sections become this one's, and the old file is kept as `.migrated`."""
+        if self._earlier is None or self.path is None:
+            return
+        earlier = os.path.join(os.path.dirname(self.path), self._earlier.file_name())
+        try:
+            with open(earlier) as f:
+                document = json.load(f)
+        except (OSError, ValueError):
+            return
+        sections = document.get("sections") if isinstance(document, dict) else None
+        if document.get("identity") != self._earlier.to_json() or not isinstance(sections, dict):
+            return
+        self._sections, self.found = sections, "ok"
+        self.created = float(document.get("created") or time.time())
+        with self._lock:
+            written = self._write_locked()  # under the new identity first
+        if written:
+            with contextlib.suppress(OSError):
+                os.replace(earlier, earlier + ".migrated")
+            log.info("state of %s: carried over from %s", self.identity.key, earlier)
 
     def _set_aside(self, status: str, why: str) -> None:
         """Keep the bad file for a human to look at, and start afresh."""
@@ -142,28 +170,31 @@ class VolumeState:
         probes of one volume share its file)."""
         with self._lock:
             self._sections[section] = change(json.loads(json.dumps(self._sections.get(section))))
-            if self.path is None:
-                return False
-            document = {
-                "version": VERSION,
-                "identity": self.identity.to_json(),
-                "created": int(self.created),
-                "saved": int(time.time()),
-                "sections": self._sections,
-            }
-            try:
-                write_atomically(self.path, json.dumps(document, sort_keys=True))
-            except OSError as err:
-                if self.writable:
-                    log.warning("state of %s: cannot write %s: %s", self.identity.key, self.path, err)
-                self.writable, self.problem = False, str(err)
-                return False
-            if not self.writable:
-                log.info("state of %s: %s can be written again", self.identity.key, self.path)
-            self.writable = True
-            if self.found == "new":
-                self.found = "ok"
-            return True
+            return self._write_locked()
+
+    def _write_locked(self) -> bool:
+        if self.path is None:
+            return False
+        document = {
+            "version": VERSION,
+            "identity": self.identity.to_json(),
+            "created": int(self.created),
+            "saved": int(time.time()),
+            "sections": self._sections,
+        }
+        try:
+            write_atomically(self.path, json.dumps(document, sort_keys=True))
+        except OSError as err:
+            if self.writable:
+                log.warning("state of %s: cannot write %s: %s", self.identity.key, self.path, err)
+            self.writable, self.problem = False, str(err)
+            return False
+        if not self.writable:
+            log.info("state of %s: %s can be written again", self.identity.key, self.path)
+        self.writable = True
+        if self.found == "new":
+            self.found = "ok"
+        return True
 
 
 def write_atomically(path: str, text: str, mode: int | None = None) -> None:
@@ -241,7 +272,10 @@ class StateStore:
             state = self._volumes.get(identity.key)
         if state is None:
             # Read the file outside the store's lock: scrapes take it, and the state directory may be slow.
-            loaded = VolumeState(self.directory, identity, device.name)
+            earlier = None
+            if identity.source == "backing_file":
+                earlier = VolumeIdentity(f"name:{device.name}:{device.size_bytes}", "name+size", device.size_bytes)
+            loaded = VolumeState(self.directory, identity, device.name, earlier)
             with self._lock:
                 state = self._volumes.setdefault(identity.key, loaded)
             if state is loaded and not identity.stable:

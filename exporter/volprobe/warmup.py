@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STATES = ("pending", "running", "done", "failed")
+STATES = ("queued", "pending", "running", "done", "failed")
 STATE_VERSION = 1
 
 
@@ -191,8 +191,11 @@ def _checkpoint(where: str | Checkpoint) -> Checkpoint:
     return FileCheckpoint(where) if isinstance(where, str) else where
 
 
-def load_state(where: str | Checkpoint, identity: Identity, nblocks: int) -> tuple[Extents, str, str | None]:
-    """(blocks done, phase, warning). No saved state is a fresh start; a corrupt or foreign one, with a warning."""
+def load_state(
+    where: str | Checkpoint, identity: Identity, nblocks: int, earlier: tuple[Identity, ...] = ()
+) -> tuple[Extents, str, str | None]:
+    """(blocks done, phase, warning). No saved state is a fresh start; a corrupt or foreign one, with a warning.
+    `earlier`: identities the same volume had in earlier versions, whose states are this one's."""
     checkpoint = _checkpoint(where)
     name = checkpoint.where
     try:
@@ -203,7 +206,7 @@ def load_state(where: str | Checkpoint, identity: Identity, nblocks: int) -> tup
         return Extents(nblocks), "", None
     if not isinstance(document, dict) or document.get("version") != STATE_VERSION:
         return Extents(nblocks), "", f"state {name} is not a volprobe warm-up state; starting over"
-    if document.get("identity") != identity.to_json():
+    if document.get("identity") not in [i.to_json() for i in (identity, *earlier)]:
         return (
             Extents(nblocks),
             "",
@@ -263,6 +266,7 @@ class WarmupJob:
     checkpoint_interval: float = 5.0
     opener: Callable[[int], int] | None = None  # opens the device (flags) -> fd; write mode passes O_EXCL etc.
     on_progress: Callable[[Progress], None] | None = None
+    earlier_identities: tuple[Identity, ...] = ()  # see load_state
     progress: Progress = field(init=False)
 
     @classmethod
@@ -285,9 +289,22 @@ class WarmupJob:
             # A checkpoint file of an earlier version (named after the target) is carried over, not lost.
             earlier = FileCheckpoint(os.path.join(store.directory, legacy_state_file(target.name)))
             checkpoint = SectionCheckpoint(store.volume(device), "warmup", earlier)
-        stable = device.volume_id or device.wwn or device.serial or os.path.realpath(target.path)
+        stable = device.volume_id or device.wwn or device.serial or device.backing_file or os.path.realpath(target.path)
         identity = Identity(stable, device.size_bytes, spec.block_size, spec.mode)
-        return cls(target.path, identity, spec.jobs, spec.rate, checkpoint, spec.idle_priority, opener=opener)
+        # Before loop devices were known by their backing file, their warm-ups were keyed on the device path.
+        earlier: tuple[Identity, ...] = ()
+        if device.backing_file and stable == device.backing_file:
+            earlier = (Identity(os.path.realpath(target.path), device.size_bytes, spec.block_size, spec.mode),)
+        return cls(
+            target.path,
+            identity,
+            spec.jobs,
+            spec.rate,
+            checkpoint,
+            spec.idle_priority,
+            opener=opener,
+            earlier_identities=earlier,
+        )
 
     @property
     def state_path(self) -> str | None:
@@ -331,7 +348,9 @@ class WarmupJob:
         progress, identity = self.progress, self.identity
         nblocks = progress.nblocks
         extents, phase, warning = (
-            load_state(self.checkpoint, identity, nblocks) if self.checkpoint else (Extents(nblocks), "", None)
+            load_state(self.checkpoint, identity, nblocks, self.earlier_identities)
+            if self.checkpoint
+            else (Extents(nblocks), "", None)
         )
         if warning:
             log.warning("%s", warning)
@@ -339,7 +358,10 @@ class WarmupJob:
         if phase == "done":
             progress.base_bytes, progress.done_blocks = progress.total_bytes - progress.size, nblocks
             progress.state, progress.phase = "done", "read"
+            log.info("warm-up of %s: already done (%s), nothing to read", self.path, identity.device)
             return
+        if len(extents):
+            log.info("warm-up of %s resumes: %d of %d blocks done (%s)", self.path, len(extents), nblocks, phase)
         if phase in phases:
             progress.base_bytes = phases.index(phase) * progress.size
             phases = phases[phases.index(phase) :]

@@ -604,7 +604,10 @@ def warmup(c: MixinConfig):
         statetimeline.Panel()
         .id(panel_id)
         .title("State")
-        .description("Each warm-up's state over time: pending, running, done or failed.")
+        .description(
+            "Each warm-up's state over time: queued (discovered volumes wait for a slot), pending, running, "
+            "done or failed."
+        )
         .datasource(DS)
         .grid_pos(position)
         .with_target(query("A", f"{WARMUP_STATE}{{{BASE}}} == 1", "{{target}} {{state}}"))

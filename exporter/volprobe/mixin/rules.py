@@ -266,6 +266,17 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             f"The warm-up of {WHERE} is running but has read nothing for {c.warmup_stall_window}.",
         )
     )
+    rules.append(
+        _alert(
+            c,
+            "VolprobeWarmupFailed",
+            f'{metrics.WARMUP_STATE.name}{{{sel}, state="failed"}} == 1',
+            "1m",
+            "warning",
+            "A volume warm-up failed: the volume is not fully initialized.",
+            f"The warm-up of {WHERE} failed (a read error, or its device went mid-way); volprobe's log says why.",
+        )
+    )
     return rules
 
 

@@ -45,7 +45,9 @@ class Exporter:
         self.warmups = WarmupManager(self.state)
         self.throttle = ThrottleWatch(self.probes, host, lambda: self.state)
         self._lock = threading.Lock()  # reloads and discovery rescans, one at a time
-        self.follower = DeviceFollower(host, self.probes, self._lock, self._start_targets, self._stop_targets)
+        self.follower = DeviceFollower(
+            host, self.probes, self._lock, self._start_targets, self._stop_targets, self._warm_discovered
+        )
         self.last_reload_successful = True
         self.last_reload_success_time = time.time()
 
@@ -64,8 +66,13 @@ class Exporter:
         self.warmups.start(resolved)
 
     def _stop_targets(self, gone: list[ResolvedTarget], timeout: float = STOP_TIMEOUT_S, why: str = "") -> None:
-        self.warmups.stop(gone)
+        self.warmups.stop(gone, why=why)
         self.probes.remove(gone, timeout, why)
+
+    def _warm_discovered(self, found: list[ResolvedTarget], appeared: bool) -> None:
+        discovery = self.config.discovery
+        if discovery is not None and discovery.warmup is not None:
+            self.warmups.offer(found, discovery.warmup, appeared)
 
     def reload(self, config: Config) -> None:
         """Apply a new configuration; ConfigError (and nothing changed) if it does not resolve."""
@@ -127,6 +134,11 @@ class Exporter:
                     self._stop_targets(discovered, 1.0, restart_all)
             self.throttle.apply(config.throttle)
             self.follower.apply(config)
+            # Discovered devices' warm-ups follow discovery.warmup: changed settings restart them (from their
+            # checkpoints), a policy that now selects a running device starts its warm-up.
+            warm = config.discovery.warmup if config.discovery else None
+            self.warmups.discovered_spec_changed(warm)
+            self._warm_discovered([t for t in self.probes.targets() if t.discovered], False)
         restarted = sum(1 for t in plan.stop if t.name in {s.name for s in plan.start})
         log.info(
             "configuration reloaded: %d kept, %d added, %d removed, %d restarted",

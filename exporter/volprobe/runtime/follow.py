@@ -83,12 +83,15 @@ class DeviceFollower:
         lock: threading.Lock,
         start: Callable[[list[ResolvedTarget]], None],
         stop: Callable[[list[ResolvedTarget], float, str], None],
+        warm: Callable[[list[ResolvedTarget], bool], None] = lambda _targets, _appeared: None,
     ) -> None:
         self.host = host
         self.probes = probes
         self.lock = lock  # the exporter's: rescans and reloads one at a time
         self._start_targets = start
         self._stop_targets = stop
+        self._warm = warm  # discovery.warmup: (targets, appeared after the first scan)
+        self._scanned = False  # the first scan finds what was there at start; later ones, what appeared
         self.config: Config | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()  # of the current thread; each thread gets its own
@@ -173,6 +176,8 @@ class DeviceFollower:
                     target.discovered = True
                 log.info("discovered %s (%s)", name, devnode)
                 self._start_targets(resolved)
+                self._warm(resolved, self._scanned)
+            self._scanned = True
 
     def _why_stop(
         self, target: ResolvedTarget, found: dict[str, str], configured: set[str], discovery: DiscoveryConfig

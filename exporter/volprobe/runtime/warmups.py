@@ -1,61 +1,172 @@
-"""Warm-ups of the targets that ask for one, each in its own thread, resumable from the volume's state."""
+"""Warm-ups: of the targets that ask for one, each in its own thread, and of discovered devices
+(`discovery.warmup`), queued and run `max_concurrent` at a time. All resume from the volume's state, and a
+volume whose state says it was warmed is not read again, whichever kernel name it now has."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
+from ..config import DiscoveryWarmupConfig
 from ..state import StateStore
 from ..targets import ResolvedTarget
 from ..warmup import WarmupJob
 
 log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 5.0
+# A discovered device's warm-up that failed (its device vanished, say) stays exported this long after its
+# device went, so that the dashboard and alerts see `failed`, and the log says why.
+FAILED_RETENTION_S = 3600.0
+
+
+@dataclass
+class _Entry:
+    target: ResolvedTarget
+    job: WarmupJob
+    thread: threading.Thread | None = None  # None while queued
+    discovered: bool = False
+    spec: DiscoveryWarmupConfig | None = None
+    gone: float = 0.0  # monotonic time its device went (kept to show `failed`); 0 while it is there
+    finished: bool = False
 
 
 class WarmupManager:
-    """The warm-ups of the running targets, one thread each; stopping one waits for its last checkpoint."""
+    """The warm-ups of the running targets; stopping one waits for its last checkpoint."""
 
     def __init__(self, store: StateStore) -> None:
         self.store = store
-        self._jobs: list[tuple[ResolvedTarget, WarmupJob, threading.Thread]] = []
+        self._entries: list[_Entry] = []
         self._lock = threading.Lock()
+        self._max_concurrent = 1
 
     def jobs(self) -> list[tuple[ResolvedTarget, WarmupJob]]:
+        now = time.monotonic()
         with self._lock:
-            return [(target, job) for target, job, _ in self._jobs]
+            self._entries = [e for e in self._entries if not e.gone or now - e.gone < FAILED_RETENTION_S]
+            return [(e.target, e.job) for e in self._entries]
+
+    def _job(self, target: ResolvedTarget, spec_warmup) -> WarmupJob:
+        if self.store.directory is None:
+            log.warning("warm-up of %s: no writable state directory, so it cannot resume after a restart", target.name)
+        return WarmupJob.for_target(target, spec_warmup, self.store)
+
+    def _run(self, entry: _Entry) -> None:
+        entry.thread = threading.Thread(target=self._body, args=(entry,), name=f"warm-up {entry.target.name}")
+        entry.thread.daemon = True
+        entry.thread.start()
+        job, target = entry.job, entry.target
+        log.info("warming up %s (%s) %s, state %s", target.name, target.path, job.identity.mode, job.state_path)
+
+    def _body(self, entry: _Entry) -> None:
+        progress = entry.job.run()
+        entry.finished = True
+        if progress.state == "done" and entry.discovered:
+            log.info("warm-up of discovered %s (%s) is done", entry.target.name, entry.job.identity.device)
+        if entry.discovered:
+            self._start_queued()
 
     def start(self, targets: list[ResolvedTarget]) -> None:
+        """The warm-ups the targets' configuration asks for, at once."""
         for target in targets:
-            spec = target.config.warmup
-            if spec is None:
+            if target.config.warmup is None:
                 continue
-            if self.store.directory is None:
-                log.warning(
-                    "warm-up of %s: no writable state directory, so it cannot resume after a restart", target.name
-                )
-            job = WarmupJob.for_target(target, spec, self.store)
-            thread = threading.Thread(target=job.run, name=f"warm-up {target.name}", daemon=True)
+            entry = _Entry(target, self._job(target, target.config.warmup))
             with self._lock:
-                self._jobs.append((target, job, thread))
-            thread.start()
-            log.info("warming up %s (%s) %s, state %s", target.name, target.path, spec.mode, job.state_path or "none")
+                self._entries.append(entry)
+            self._run(entry)
 
-    def stop(self, targets: list[ResolvedTarget], timeout: float = STOP_TIMEOUT_S) -> None:
+    # -- discovered devices -------------------------------------------------------------------------------
+
+    def offer(self, targets: list[ResolvedTarget], spec: DiscoveryWarmupConfig, appeared: bool) -> None:
+        """Discovered devices, for `discovery.warmup`: queue those the policy selects. `appeared`: the device
+        came after the exporter started. With policy "new", one that was there at start is warmed only if its
+        state holds a warm-up a restart interrupted."""
+        for target in targets:
+            with self._lock:
+                if any(e.target is target for e in self._entries):
+                    continue
+            if spec.policy == "new" and not appeared and not self._interrupted(target):
+                continue
+            job = self._job(target, spec.warmup)
+            job.progress.state = "queued"
+            entry = _Entry(target, job, discovered=True, spec=spec)
+            with self._lock:
+                # A volume seen again under its old name (re-attached) replaces its retained entry.
+                self._entries = [e for e in self._entries if not (e.gone and e.target.name == target.name)]
+                self._entries.append(entry)
+                self._max_concurrent = spec.max_concurrent
+            log.info("discovered %s: warm-up queued (%s)", target.name, job.identity.device)
+        self._start_queued()
+
+    def _interrupted(self, target: ResolvedTarget) -> bool:
+        if self.store.directory is None:
+            return False
+        section = self.store.volume(target.device).get("warmup")
+        return isinstance(section, dict) and section.get("phase") in ("read", "write")
+
+    def _start_queued(self) -> None:
+        with self._lock:
+            running = sum(1 for e in self._entries if e.discovered and e.thread is not None and not e.finished)
+            ready = [e for e in self._entries if e.discovered and e.thread is None]
+            chosen = ready[: max(0, self._max_concurrent - running)]
+            for entry in chosen:
+                entry.job.progress.state = "pending"
+                entry.thread = threading.Thread()  # claimed: not chosen twice
+        for entry in chosen:
+            self._run(entry)
+
+    def discovered_spec_changed(self, spec: DiscoveryWarmupConfig | None) -> list[ResolvedTarget]:
+        """After a reload: stop the discovered warm-ups whose settings changed (they resume from their
+        checkpoint when offered again); returns the targets to offer again."""
+        with self._lock:
+            changed = [e for e in self._entries if e.discovered and not e.gone and e.spec != spec]
+        self._stop_entries(changed, "discovery.warmup changed")
+        with self._lock:
+            self._entries = [e for e in self._entries if e not in changed]
+            if spec is not None:
+                self._max_concurrent = spec.max_concurrent
+        return [e.target for e in changed]
+
+    # -- stopping -------------------------------------------------------------------------------------------
+
+    def stop(self, targets: list[ResolvedTarget], timeout: float = STOP_TIMEOUT_S, why: str = "") -> None:
         """Stop the targets' warm-ups and wait for them: each saves its checkpoint as it ends, and a write-mode
-        warm-up holds its device (O_EXCL) until then."""
+        warm-up holds its device (O_EXCL) until then. A discovered device's unfinished warm-up whose device
+        went ends `failed`, with the reason, and stays exported for FAILED_RETENTION_S."""
         ids = {id(t) for t in targets}
         with self._lock:
-            stopping = [(job, thread) for t, job, thread in self._jobs if id(t) in ids]
-            self._jobs = [entry for entry in self._jobs if id(entry[0]) not in ids]
-        for job, _ in stopping:
-            job.stop()
+            stopping = [e for e in self._entries if id(e.target) in ids and not e.gone]
+        self._stop_entries(stopping, why, timeout)
+        vanished = why.startswith(("no longer present", "the device was replaced"))
+        now = time.monotonic()
+        with self._lock:
+            for entry in stopping:
+                progress = entry.job.progress
+                if entry.discovered and vanished and progress.state != "done":
+                    if progress.state != "failed":
+                        progress.state, progress.error = "failed", f"device gone: {why}"
+                    log.warning("warm-up of %s failed: %s", entry.target.name, progress.error)
+                    entry.gone = now
+            self._entries = [e for e in self._entries if id(e.target) not in ids or e.gone]
+        self._start_queued()
+
+    @staticmethod
+    def _stop_entries(entries: list[_Entry], why: str, timeout: float = STOP_TIMEOUT_S) -> None:
+        for entry in entries:
+            entry.job.stop()
         deadline = time.monotonic() + timeout
-        for job, thread in stopping:
-            thread.join(max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                log.warning("warm-up of %s is still blocked in the kernel; it ends when its request returns", job.path)
+        for entry in entries:
+            if entry.thread is None or not entry.thread.ident:
+                continue
+            entry.thread.join(max(0.0, deadline - time.monotonic()))
+            if entry.thread.is_alive():
+                log.warning(
+                    "warm-up of %s is still blocked in the kernel; it ends when its request returns", entry.job.path
+                )
 
     def stop_all(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        self.stop([t for t, _ in self.jobs()], timeout)
+        with self._lock:
+            entries, self._entries = list(self._entries), []
+        self._stop_entries(entries, "exporter stopping", timeout)

@@ -1,0 +1,130 @@
+"""`discovery.warmup`: every new volume attached to the node is read once, whole, at a bounded rate, in the
+idle I/O class; resumed after a restart, never repeated for a volume already warmed (whatever kernel name it
+comes back under), `max_concurrent` at a time, and `failed` with the reason when its device vanishes.
+
+Real lab volumes (nbdkit -> nbdfuse -> loop), attached while the exporter runs; each checked on the lab side,
+64 KiB by 64 KiB (what the device served), not only through the exporter's metrics. The volumes attach from
+/dev/loop300 on, and discovery follows only loop300-loop349, so no other device of the machine is read."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from . import harness
+from .harness import MIB, sample_value
+
+FIRST_LOOP = 300
+CHUNK = 64 * 1024  # the lab's coverage unit
+pytestmark = [pytest.mark.root, pytest.mark.lab]
+
+
+def config_text(state_dir: Path, rate: str = "8MiB", max_concurrent: int = 2) -> str:
+    # Probes every 10 minutes: their 4 KiB reads must not blur the coverage a warm-up leaves.
+    return f"""
+state_directory: {state_dir}
+discovery:
+  include: ['loop3[0-4][0-9]']
+  rescan_interval: 500ms
+  probes: [{{op: read, interval: 10m}}]
+  warmup: {{rate: {rate}, jobs: 2, max_concurrent: {max_concurrent}}}
+"""
+
+
+def start(tmp_path: Path, start_exporter, **settings):
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(exist_ok=True)
+    config = tmp_path / "volprobe.yml"
+    config.write_text(config_text(state_dir, **settings))
+    return start_exporter("--config", str(config))
+
+
+def name_of(volume) -> str:
+    return Path(volume.device).name
+
+
+def state_of(samples, target: str) -> str | None:
+    for labels, value in samples.get("volprobe_warmup_state", []):
+        if labels.get("target") == target and value == 1:
+            return labels["state"]
+    return None
+
+
+def blocks_read_twice(coverage: list[int], block: int = MIB) -> list[int]:
+    """The warm-up blocks (1 MiB) read more than once: every 64 KiB of them served twice. The small reads of
+    probes and of the safety check (signatures at a few offsets) do not make a whole block."""
+    per = block // CHUNK
+    return [
+        b for b in range(len(coverage) // per) if all(count >= 2 * CHUNK for count in coverage[b * per : (b + 1) * per])
+    ]
+
+
+def test_a_volume_attached_at_run_time_is_warmed_whole_once_resumed_after_a_restart_and_not_again(
+    tmp_path, lab_volume, start_exporter
+):
+    exporter = start(tmp_path, start_exporter)
+    volume = lab_volume(size=48 * MIB, calibrate=False, first_loop=FIRST_LOOP)
+    name = name_of(volume)
+    exporter.wait_for(
+        lambda s: 0.2 < (sample_value(s, "volprobe_warmup_progress_ratio", target=name) or 0) < 0.7,
+        what=f"the warm-up of {name} under way",
+    )
+    # A restart mid-way (SIGTERM): the volume was there at start, and its state holds an unfinished warm-up.
+    assert exporter.stop() == 0
+    exporter = start(tmp_path, start_exporter)
+    samples = exporter.wait_for(lambda s: state_of(s, name) == "done", timeout=40, what="warm-up done")
+    assert sample_value(samples, "volprobe_warmup_progress_ratio", target=name) == 1
+    coverage = volume.read_coverage()
+    assert all(count >= CHUNK for count in coverage), "every 64 KiB of the volume read"
+    assert blocks_read_twice(coverage) == [], "the restart re-read nothing"
+    assert sum(coverage) - len(coverage) * CHUNK <= 512 * 1024, "beyond one pass, only small reads"
+    # Detached and attached again, on another loop device: the same volume (its backing image), not read again.
+    volume.detach()
+    exporter.wait_for(lambda s: state_of(s, name) is None, what=f"{name} gone")
+    before = volume.read_coverage()
+    volume.attach(first_loop=FIRST_LOOP + 10)
+    again = name_of(volume)
+    assert again != name
+    samples = exporter.wait_for(lambda s: state_of(s, again) == "done", what="the re-attached volume known as done")
+    time.sleep(1)
+    read = sum(volume.read_coverage()) - sum(before)
+    assert read <= 256 * 1024, f"{read} bytes read from a volume already warmed (signature checks and probes only)"
+    assert exporter.stop() == 0
+
+
+def test_volumes_attached_at_once_are_warmed_max_concurrent_at_a_time(tmp_path, lab_volume, start_exporter):
+    exporter = start(tmp_path, start_exporter, rate="4MiB", max_concurrent=1)
+    volumes = [lab_volume(size=16 * MIB, calibrate=False, first_loop=FIRST_LOOP) for _ in range(3)]
+    names = [name_of(v) for v in volumes]
+    seen_queued, most_running = set(), 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        samples = exporter.metrics()
+        states = {n: state_of(samples, n) for n in names}
+        most_running = max(most_running, sum(1 for s in states.values() if s == "running"))
+        seen_queued |= {n for n, s in states.items() if s == "queued"}
+        if all(s == "done" for s in states.values()):
+            break
+        time.sleep(0.1)
+    assert all(state_of(samples, n) == "done" for n in names), states
+    assert most_running == 1
+    assert seen_queued, "the later volumes wait their turn, shown as queued"
+    for volume in volumes:
+        assert all(count >= CHUNK for count in volume.read_coverage())
+    assert exporter.stop() == 0
+
+
+def test_a_volume_that_vanishes_mid_warmup_ends_failed_and_the_exporter_serves_on(tmp_path, lab_volume, start_exporter):
+    exporter = start(tmp_path, start_exporter, rate="4MiB")
+    volume = lab_volume(size=64 * MIB, calibrate=False, first_loop=FIRST_LOOP)
+    name = name_of(volume)
+    exporter.wait_for(lambda s: state_of(s, name) == "running", what="warm-up running")
+    harness.lab.down(volume.name)  # the volume goes: detached and its server gone, in the middle of the pass
+    samples = exporter.wait_for(lambda s: state_of(s, name) == "failed", timeout=30, what="warm-up failed")
+    assert 0 < sample_value(samples, "volprobe_warmup_progress_ratio", target=name) < 1
+    assert f"warm-up of {name} failed" in exporter.log() or f"warm-up of /dev/{name} failed" in exporter.log()
+    for _ in range(3):  # scrapes go on, and the failure stays visible
+        assert state_of(exporter.metrics(), name) == "failed"
+    assert exporter.stop() == 0
