@@ -128,3 +128,28 @@ def test_a_volume_that_vanishes_mid_warmup_ends_failed_and_the_exporter_serves_o
     for _ in range(3):  # scrapes go on, and the failure stays visible
         assert state_of(exporter.metrics(), name) == "failed"
     assert exporter.stop() == 0
+
+
+def test_a_reload_that_adds_discovery_warmup_with_policy_all_warms_the_volumes_already_followed(
+    tmp_path, lab_volume, start_exporter
+):
+    """Discovery ran without warm-ups; a SIGHUP adds `warmup: {policy: all}`: the followed volume is warmed,
+    its probes keep running (their histogram is not reset)."""
+    volume = lab_volume(size=16 * MIB, calibrate=False, first_loop=FIRST_LOOP)
+    name = name_of(volume)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    config = tmp_path / "volprobe.yml"
+    without = config_text(state_dir).split("  warmup:")[0].replace("interval: 10m", "interval: 100ms")
+    config.write_text(without)
+    exporter = start_exporter("--config", str(config))
+    samples = exporter.wait_for(
+        lambda s: (sample_value(s, "volprobe_probe_latency_seconds_count", target=name) or 0) >= 5, what="probes"
+    )
+    assert state_of(samples, name) is None
+    probes_before = sample_value(samples, "volprobe_probe_latency_seconds_count", target=name)
+    exporter.reload(config, without + "  warmup: {rate: 16MiB, policy: all}\n")
+    samples = exporter.wait_for(lambda s: state_of(s, name) == "done", what="the followed volume warmed")
+    assert sample_value(samples, "volprobe_probe_latency_seconds_count", target=name) >= probes_before
+    assert all(count >= CHUNK for count in volume.read_coverage())
+    assert exporter.stop() == 0
