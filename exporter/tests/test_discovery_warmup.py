@@ -96,7 +96,7 @@ def test_a_volume_attached_at_run_time_is_warmed_whole_once_resumed_after_a_rest
 
 def test_volumes_attached_at_once_are_warmed_max_concurrent_at_a_time(tmp_path, lab_volume, start_exporter):
     exporter = start(tmp_path, start_exporter, rate="4MiB", max_concurrent=1)
-    volumes = [lab_volume(size=16 * MIB, calibrate=False, first_loop=FIRST_LOOP) for _ in range(3)]
+    volumes = [lab_volume(size=8 * MIB, calibrate=False, first_loop=FIRST_LOOP) for _ in range(3)]
     names = [name_of(v) for v in volumes]
     seen_queued, most_running = set(), 0
     deadline = time.monotonic() + 60

@@ -90,7 +90,7 @@ def test_mixin_configuration(document):
 @example({"\n": None})
 def test_web_configuration(tmp_path_factory, document):
     try:
-        webconfig.parse(document, base=str(tmp_path_factory.getbasetemp()))
+        webconfig.parse(yaml.safe_dump(document), base=str(tmp_path_factory.getbasetemp()))
     except ConfigError as err:
         check_problems(err)
 
