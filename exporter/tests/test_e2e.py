@@ -15,6 +15,7 @@ from volprobe import mixin
 from volprobe.mixin import rules
 
 from .harness import MIB, REPO, stop_fio
+from .nvme_pages import counters_page
 from .test_mixin import panels, substitute
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]  # minutes: alerts need their `for` durations
@@ -77,7 +78,12 @@ targets:
   - {{name: flaky, device: {volumes["flaky"].device}, {ro}}}
   - {{name: warm, device: {volumes["warm"].device}, {ro}, warmup: {{mode: read, rate: 128KiB, jobs: 1}}}}
 """)
-    exporter = start_exporter("--config", str(config))
+    # The provider's statistics of "healthy", as an EBS volume would give them (the test hook: no NVMe here), so
+    # that the Volume dashboard's provider panels have data too.
+    pages = tmp_path / "nvme-pages"
+    pages.mkdir()
+    (pages / devices["healthy"]).write_bytes(counters_page(60.0))
+    exporter = start_exporter("--config", str(config), env={"VOLPROBE_TEST_NVME_PAGES": str(pages)})
     rules_path = tmp_path / "volprobe-rules.yml"
     rules_path.write_text(rules.render(mixin.from_mapping(TEST_SIZED)))
     prometheus = start_prometheus(f"""

@@ -49,6 +49,24 @@ def test_security_exposure_at_most_2_5(tmp_path, unit):
     assert exposure <= 2.5, result.stdout
 
 
+def test_the_provider_stats_drop_in_keeps_the_exposure_at_most_2_5(tmp_path):
+    """The opt-in drop-in for AWS NVMe statistics (CAP_SYS_ADMIN): the unit with it still scores <= 2.5."""
+    path = tmp_path / "volprobe.service"
+    drop_in = (UNITS / "volprobe.service.d" / "provider-stats.conf.example").read_text()
+    settings = dict(line.split("=", 1) for line in drop_in.splitlines() if "=" in line and not line.startswith("#"))
+    assert settings == {"CapabilityBoundingSet": "CAP_SYS_ADMIN", "AmbientCapabilities": "CAP_SYS_ADMIN"}
+    text = (UNITS / "volprobe.service").read_text()
+    for key, value in settings.items():  # as systemd applies the drop-in: the later assignment wins
+        text = text.replace(f"\n{key}=\n", f"\n{key}={value}\n")
+    path.write_text(text)
+    result = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", str(path)], capture_output=True, text=True
+    )
+    assert "CapabilityBoundingSet=~CAP_SYS_ADMIN" in result.stdout  # the capability is really granted here
+    exposure = float(re.search(r"Overall exposure level for \S+: ([0-9.]+)", result.stdout).group(1))
+    assert exposure <= 2.5, result.stdout
+
+
 def test_probes_never_run_at_the_idle_io_class():
     text = (UNITS / "volprobe.service").read_text()
     assert "IOSchedulingClass=best-effort" in text and "IOSchedulingClass=idle" not in text

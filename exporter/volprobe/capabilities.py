@@ -1,7 +1,8 @@
 """What the process may do, where a hardened unit (seccomp, address families) or a container can take it away:
-the idle I/O class for warm-ups (ioprio_set) and the udev monitor for discovery (a netlink socket). A missing
-one does not stop volprobe, which falls back (normal I/O priority, sysfs rescans), but it is logged once and
-exported (volprobe_capability_available), never lost silently."""
+the idle I/O class for warm-ups (ioprio_set), the udev monitor for discovery (a netlink socket) and the NVMe
+admin command of the provider's statistics (CAP_SYS_ADMIN). A missing one does not stop volprobe, which falls
+back (normal I/O priority, sysfs rescans, no provider statistics), but it is logged once and exported
+(volprobe_capability_available), never lost silently."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ log = logging.getLogger(__name__)
 
 IDLE_IO_PRIORITY = "idle_io_priority"
 UDEV_MONITOR = "udev_monitor"
+NVME_ADMIN = "nvme_admin"  # the NVMe admin Get Log Page of the provider's statistics: CAP_SYS_ADMIN
 
 _lock = threading.Lock()
 _known: dict[str, bool] = {}

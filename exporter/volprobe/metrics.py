@@ -225,8 +225,10 @@ LIMIT_BYTES = MetricSpec(
 THROTTLE_ACTIVE = MetricSpec(
     "volprobe_throttle_active",
     "gauge",
-    "1 while the disk sits on a flat ceiling with requests queueing (a provider's cap).",
-    ("device", "limit", "dir"),
+    "1 while the disk is throttled at a limit. source=inferred: it sits on a flat ceiling with requests queueing "
+    "(dir read or write); source=provider: the device's own statistics (AWS NVMe) count demand over its limit "
+    "(iops, bandwidth, instance_iops, instance_bandwidth; dir total) for most of the last 15 s.",
+    ("device", "limit", "dir", "source"),
 )
 THROTTLE_CEILING_OPS = MetricSpec(
     "volprobe_throttle_ceiling_ops_per_second",
@@ -264,6 +266,39 @@ PROBE_SHARE = MetricSpec(
     "gauge",
     "Share of the disk's completed I/Os over the detector window that were probes.",
     DEVICE,
+)
+
+# -- the provider's own statistics (AWS NVMe log page 0xD0; names as the EBS CSI driver's, prefixed) --------------
+
+NVME = ("device", "kind")  # kind: ebs or instance_store
+NVME_OP = (*NVME, "op")
+NVME_OPS = MetricSpec("volprobe_nvme_ops", "counter", "Operations the device completed, by its own count.", NVME_OP)
+NVME_BYTES = MetricSpec("volprobe_nvme_bytes", "counter", "Bytes the device moved, by its own count.", NVME_OP)
+NVME_SECONDS = MetricSpec(
+    "volprobe_nvme_seconds",
+    "counter",
+    "Time the device spent on completed operations, by its own count.",
+    (*NVME, "op"),
+)
+NVME_EXCEEDED = MetricSpec(
+    "volprobe_nvme_exceeded_seconds",
+    "counter",
+    "Time during which demand exceeded a limit, as the provider counts it: scope volume (the EBS volume's "
+    "provisioned IOPS or throughput) or instance (the instance's EBS or local-storage limits).",
+    (*NVME, "scope", "limit"),
+)
+NVME_QUEUE = MetricSpec("volprobe_nvme_queue_length", "gauge", "Requests queued at the device, by its own count.", NVME)
+NVME_LATENCY = MetricSpec(
+    "volprobe_nvme_latency_seconds",
+    "histogram",
+    "Latency of completed operations as the device measures it (its own histogram; the sum is its total time).",
+    NVME_OP,
+)
+NVME_UP = MetricSpec(
+    "volprobe_nvme_stats_up",
+    "gauge",
+    "1 if the last read of the device's statistics succeeded, 0 if it failed (the log says why).",
+    NVME,
 )
 
 # -- state ----------------------------------------------------------------------------------------------------

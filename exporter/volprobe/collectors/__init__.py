@@ -124,4 +124,4 @@ class VolprobeCollector(PrometheusCollector):
 
 
 # The collectors register themselves on import.
-from . import diskstats, probe, state, target, throttle, warmup  # noqa: E402, F401
+from . import diskstats, nvme, probe, state, target, throttle, warmup  # noqa: E402, F401

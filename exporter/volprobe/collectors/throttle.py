@@ -1,4 +1,5 @@
-"""Throttling plateaus of the disks under the targets, from the detector, and the configured limits."""
+"""Throttling of the disks under the targets: inferred by the detector (a plateau), or counted by the provider
+(AWS NVMe statistics: the time demand exceeded a limit), and the configured limits."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ from prometheus_client.core import Metric
 from .. import metrics
 from ..detectors import DIRECTIONS, LIMITS
 from . import Sources, register
+from .nvme import EXCEEDED
+
+PROVIDER_WINDOW_S = 15.0  # as the detector needs 15 s of a plateau to flag it
+PROVIDER_SHARE = 0.5  # throttled when the provider counted demand over a limit for most of the window
 
 
 @register("throttle", "throttling plateaus and provisioned limits")
@@ -39,7 +44,8 @@ class ThrottleCollector:
             for direction in DIRECTIONS:
                 plateau = state.plateaus.get(direction)
                 for limit in LIMITS:
-                    active.add_metric([name, limit, direction], 1.0 if plateau and plateau.limit == limit else 0.0)
+                    flat = plateau is not None and plateau.limit == limit
+                    active.add_metric([name, limit, direction, "inferred"], 1.0 if flat else 0.0)
                     seconds.add_metric([name, limit, direction], state.throttled_seconds.get((limit, direction), 0.0))
                 if plateau:
                     ceiling_ops.add_metric([name, direction], plateau.ceiling_ops)
@@ -52,4 +58,12 @@ class ThrottleCollector:
             for direction, value in sorted(state.unloaded.items()):
                 if value is not None:
                     unloaded.add_metric([name, direction], value)
+        for name, device in sorted(self.exporter.provider.snapshot().items()):
+            for scope, limit, attribute in EXCEEDED:
+                if scope == "volume" and device.kind != "ebs":
+                    continue
+                fraction = device.exceeded_fraction(attribute, PROVIDER_WINDOW_S)
+                if fraction is not None:
+                    label = limit if scope == "volume" else f"instance_{limit}"
+                    active.add_metric([name, label, "total", "provider"], 1.0 if fraction >= PROVIDER_SHARE else 0.0)
         return [*families, active, ceiling_ops, ceiling_bytes, seconds, share, checks, unloaded]

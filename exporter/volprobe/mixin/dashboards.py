@@ -424,6 +424,30 @@ def volume(c: MixinConfig):
             description="From the histogram buckets over $__rate_interval.",
         )
     )
+    nvme_latency = metrics.NVME_LATENCY.bucket
+    d = d.with_panel(
+        series(
+            layout,
+            "Device-side latency (the provider's own) beside the probes' p99",
+            "s",
+            [
+                query(
+                    "A",
+                    f"histogram_quantile(0.99, sum by (op, le) (rate({nvme_latency}{{{disk}}}[$__rate_interval])))",
+                    "device p99 {{op}}",
+                ),
+                query(
+                    "B",
+                    f"histogram_quantile(0.5, sum by (op, le) (rate({nvme_latency}{{{disk}}}[$__rate_interval])))",
+                    "device p50 {{op}}",
+                ),
+                query("C", quantile(0.99, TARGET), "probe p99 {{op}}"),
+            ],
+            description="AWS NVMe devices (EBS, instance store) measure their own latency: all I/O at the device, "
+            "the queue in the guest excluded. Beside the probes' p99 (queue-depth 1, through the guest's stack), "
+            "a gap is the guest's queue; no gap but both high is the volume. Empty for other devices.",
+        )
+    )
     d = d.with_panel(
         series(
             layout,
@@ -462,6 +486,23 @@ def volume(c: MixinConfig):
                 query("D", f"{metrics.LIMIT_BYTES.name}{{{TARGET}}}", "limit"),
             ],
             description="Bytes per second of the disk (from diskstats), the ceiling found, and the configured limit.",
+        )
+    )
+    d = d.with_panel(
+        series(
+            layout,
+            "Time over the provider's limits (its own count)",
+            "percentunit",
+            [
+                query(
+                    "A",
+                    f"rate({metrics.NVME_EXCEEDED.total}{{{disk}}}[$__rate_interval])",
+                    "{{scope}} {{limit}} {{device}}",
+                ),
+            ],
+            description="Share of the time demand exceeded the volume's provisioned IOPS or throughput (scope "
+            "volume) or the instance's EBS limits (scope instance), as AWS NVMe devices count it. Above 50% for "
+            '15 s, volprobe_throttle_active{source="provider"} is 1. Empty for other devices.',
         )
     )
     d = d.with_panel(

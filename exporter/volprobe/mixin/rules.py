@@ -144,14 +144,18 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             f"{c.regression_min_increase} above it.",
         )
     )
+    # Inferred (a plateau, judged from diskstats, valued at its ceiling), or counted by the provider itself (AWS
+    # NVMe statistics). `source!="provider"` also matches exporters older than the source label.
+    active = metrics.THROTTLE_ACTIVE.name
     plateau = " or\n".join(
-        f"({metric}{{{sel}}}\n  * on (job, instance, device, dir) group_left (limit)\n"
-        f'  ({metrics.THROTTLE_ACTIVE.name}{{{sel}, limit="{limit}"}} == 1))'
+        f"({metric}{{{sel}}}\n  * on (job, instance, device, dir) group_left (limit, source)\n"
+        f'  ({active}{{{sel}, limit="{limit}", source!="provider"}} == 1))'
         for limit, metric in (
             ("iops", metrics.THROTTLE_CEILING_OPS.name),
             ("bandwidth", metrics.THROTTLE_CEILING_BYTES.name),
         )
     )
+    plateau += f'\nor\n({active}{{{sel}, source="provider"}} == 1)'
     rules.append(
         _alert(
             c,
@@ -159,11 +163,15 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             plateau,
             c.throttle_for,
             "warning",
-            "Volume pinned at a flat ceiling: a provider cap.",
+            "Volume throttled at a provider cap.",
+            '{{ if eq $labels.source "provider" }}'
+            "{{ $labels.device }} on {{ $labels.instance }}: the device's own statistics count demand over its "
+            f"{{{{ $labels.limit }}}} limit most of the time, for {c.throttle_for}: it is throttled, and its "
+            "latency includes the queue.{{ else }}"
             "{{ $labels.device }} on {{ $labels.instance }} has been flat at "
             '{{ if eq $labels.limit "iops" }}{{ $value | humanize }} IOPS{{ else }}{{ $value | humanize1024 }}B/s{{ end }}'
             f" ({{{{ $labels.dir }}}}) with requests queueing for {c.throttle_for}: it is throttled at its "
-            "{{ $labels.limit }} limit, and its latency includes the queue.",
+            "{{ $labels.limit }} limit, and its latency includes the queue.{{ end }}",
         )
     )
     near = " or\n".join(

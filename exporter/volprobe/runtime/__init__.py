@@ -4,6 +4,7 @@
 - warmups.WarmupManager: the targets' warm-ups;
 - throttle.ThrottleWatch: the throttle detector, fed by the probes, and the probes' back-off;
 - follow.DeviceFollower: devices that come and go under `discovery:`;
+- provider.ProviderStats: the provider's own statistics of AWS NVMe devices, read in a thread;
 - reload.plan: what a new configuration keeps, stops and starts.
 
 Scrapes read this state and never wait on a device: workers publish counters and snapshots under short
@@ -26,6 +27,7 @@ from ..targets import ResolvedTarget
 from . import reload as reload_plan
 from .follow import DeviceFollower
 from .probes import STOP_TIMEOUT_S, ProbeSet, RunningProbe
+from .provider import ProviderStats
 from .throttle import ThrottleWatch
 from .warmups import WarmupManager
 
@@ -44,6 +46,7 @@ class Exporter:
         self.state = StateStore(state_directory(config.state_directory))
         self.warmups = WarmupManager(self.state)
         self.throttle = ThrottleWatch(self.probes, host, lambda: self.state)
+        self.provider = ProviderStats(host, self.throttle.devices)
         self._lock = threading.Lock()  # reloads and discovery rescans, one at a time
         self.follower = DeviceFollower(
             host, self.probes, self._lock, self._start_targets, self._stop_targets, self._warm_discovered
@@ -59,6 +62,7 @@ class Exporter:
             self._start_targets(resolved)
             self.throttle.apply(self.config.throttle)
             self.follower.apply(self.config)
+        self.provider.start()
 
     def _start_targets(self, resolved: list[ResolvedTarget]) -> None:
         new = self.probes.add(resolved, self.config.window, self.config.buckets, self.state)
@@ -157,6 +161,7 @@ class Exporter:
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[str]:
         """Stop every worker; return the names of those still stuck in the kernel after `timeout`."""
         self.follower.stop()
+        self.provider.stop()
         self.throttle.stop()
         self.warmups.stop_all()
         return self.probes.stop(timeout)

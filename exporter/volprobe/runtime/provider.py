@@ -1,0 +1,161 @@
+"""The provider's statistics of the probed NVMe devices (volprobe.nvme), read in a thread of their own: an admin
+command to a hung controller waits for the kernel's admin timeout, and a scrape must never wait with it.
+
+Only the whole disks under the targets whose model is an AWS one (EBS, instance store) are asked, every
+POLL_INTERVAL_S (AWS: no more often than once a second). A device without the page is remembered and not
+asked again for an hour, and said once in the log; a refusal for want of CAP_SYS_ADMIN is logged once and
+exported as volprobe_capability_available{capability="nvme_admin"} = 0; any other error is logged at most once
+an hour per device (the EBS CSI driver logged one per device per scrape: its issue 2232).
+
+Test hook: with $VOLPROBE_TEST_NVME_PAGES set to a directory, a disk whose name is a file there is read from
+that file instead of the device, every second (no NVMe device can be made on a test machine).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .. import capabilities, nvme
+from ..discovery import Host
+from ..osthread import name_this_thread
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 5.0
+RETRY_UNSUPPORTED_S = 3600.0
+LOG_AGAIN_S = 3600.0
+HISTORY_S = 120.0  # readings kept per device: the exceeded-time rates of the throttle verdict need 15 s
+TEST_PAGES_ENV = "VOLPROBE_TEST_NVME_PAGES"
+
+
+@dataclass
+class DeviceReadings:
+    """Readings of one device, newest last, as (monotonic time, stats)."""
+
+    kind: str
+    readings: list[tuple[float, nvme.Stats]] = field(default_factory=list)
+    up: bool = True  # the last read succeeded
+
+    @property
+    def latest(self) -> nvme.Stats | None:
+        return self.readings[-1][1] if self.readings else None
+
+    def exceeded_fraction(self, attribute: str, window: float) -> float | None:
+        """The share of the last `window` seconds the provider counted as over a limit (`attribute` of Stats:
+        ebs_iops_exceeded_seconds, ...); None without two readings that far apart."""
+        if len(self.readings) < 2:
+            return None
+        now, newest = self.readings[-1]
+        older = [(t, s) for t, s in self.readings if now - t >= window]
+        then, oldest = older[-1] if older else self.readings[0]
+        if now - then < window / 2:
+            return None
+        grown = getattr(newest, attribute) - getattr(oldest, attribute)
+        return max(0.0, min(1.0, grown / (now - then)))
+
+
+class ProviderStats:
+    def __init__(self, host: Host, disks: Callable[[], set[str]], interval: float = POLL_INTERVAL_S) -> None:
+        self.host = host
+        self.disks = disks  # the whole disks under the running targets
+        self.interval = interval
+        self.test_pages = os.environ.get(TEST_PAGES_ENV) or None
+        if self.test_pages:
+            self.interval = 1.0  # files, not devices: AWS's once a second is about the controllers
+        self._devices: dict[str, DeviceReadings] = {}
+        self._unsupported: dict[str, float] = {}  # disk -> monotonic time it said it has no page
+        self._logged: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="provider stats", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def snapshot(self) -> dict[str, DeviceReadings]:
+        with self._lock:
+            return {name: DeviceReadings(d.kind, list(d.readings), d.up) for name, d in self._devices.items()}
+
+    def _run(self) -> None:
+        name_this_thread("vp provider")
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception:  # one bad poll (a device vanishing mid-read) must not end the thread
+                log.exception("reading the provider's NVMe statistics failed")
+            self._stop.wait(self.interval)
+
+    def poll(self) -> None:
+        disks = self.disks()
+        with self._lock:
+            for gone in set(self._devices) - disks:
+                del self._devices[gone]
+        now = time.monotonic()
+        for disk in sorted(disks):
+            if now - self._unsupported.get(disk, -RETRY_UNSUPPORTED_S) < RETRY_UNSUPPORTED_S:
+                continue
+            source = self._source(disk)
+            if source is None:
+                continue
+            self._read(disk, source, now)
+
+    def _source(self, disk: str) -> str | None:
+        """The file or device node to read the page from, or None if the disk is not an AWS NVMe device."""
+        if self.test_pages:
+            page = os.path.join(self.test_pages, disk)
+            return page if os.path.isfile(page) else None
+        device = self.host.device(disk)
+        if device is None or device.model not in nvme.MODELS:
+            return None
+        return device.devnode
+
+    def _read(self, disk: str, source: str, now: float) -> None:
+        try:
+            if self.test_pages:
+                with open(source, "rb") as f:
+                    page = f.read()
+            else:
+                page = nvme.read_log_page(source)
+            stats = nvme.parse_log_page(page)
+        except nvme.Unsupported as err:
+            self._unsupported[disk] = now
+            with self._lock:
+                self._devices.pop(disk, None)
+            self._say(disk, "unsupported", logging.INFO, f"no provider statistics for {disk}: {err}")
+            return
+        except nvme.NotPermitted as err:
+            capabilities.record(capabilities.NVME_ADMIN, False, f"{err}; provider statistics are not read")
+            self._unsupported[disk] = now
+            return
+        except (OSError, ValueError) as err:
+            with self._lock:
+                if disk in self._devices:
+                    self._devices[disk].up = False
+            self._say(disk, "error", logging.WARNING, f"provider statistics of {disk} not read: {err}")
+            return
+        if not self.test_pages:
+            capabilities.record(capabilities.NVME_ADMIN, True)
+        with self._lock:
+            readings = self._devices.setdefault(disk, DeviceReadings(stats.kind))
+            readings.kind, readings.up = stats.kind, True
+            readings.readings.append((now, stats))
+            while readings.readings and now - readings.readings[0][0] > HISTORY_S:
+                readings.readings.pop(0)
+
+    def _say(self, disk: str, what: str, level: int, message: str) -> None:
+        """Log `message` at most once per LOG_AGAIN_S for this disk and kind of problem."""
+        now = time.monotonic()
+        last = self._logged.get((disk, what))
+        if last is not None and now - last < LOG_AGAIN_S:
+            return
+        self._logged[(disk, what)] = now
+        log.log(level, "%s", message)
