@@ -343,9 +343,11 @@ def start_prometheus(
     ready_timeout: float = 60.0,
     web_config: Path | None = None,
     ready: Callable[[int], None] | None = None,
+    args: tuple[str, ...] = (),
 ) -> RunningPrometheus:
     """Run prometheus with `config_text` and its data in `directory`/data (made here, or backfilled before) until
-    /-/ready answers (`ready(port)` raises until it does, for a server behind `web_config`'s TLS or auth)."""
+    /-/ready answers (`ready(port)` raises until it does, for a server behind `web_config`'s TLS or auth); `args`
+    adds to its command line."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "prometheus.yml").write_text(config_text)
     port = free_port()
@@ -359,6 +361,7 @@ def start_prometheus(
                 f"--storage.tsdb.path={directory / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
                 *extra,
+                *args,
             ],
             stdout=log_file,
             stderr=subprocess.STDOUT,
