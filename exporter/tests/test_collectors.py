@@ -15,7 +15,7 @@ from .harness import MIB, volprobe_command
 
 
 def test_every_collector_is_registered_with_its_flag():
-    assert list(collectors.REGISTRY) == ["diskstats", "probe", "state", "target", "throttle", "warmup"]
+    assert list(collectors.REGISTRY) == ["diskstats", "nvme", "probe", "state", "target", "throttle", "warmup"]
     result = subprocess.run(volprobe_command("--help"), capture_output=True, text=True, check=True)
     for name in collectors.REGISTRY:
         assert f"--collector.{name}, --no-collector.{name}" in result.stdout
@@ -35,7 +35,7 @@ def test_a_disabled_collector_is_neither_run_nor_reported(make_loop, start_expor
     assert not {d.spec.total for d in metrics.DISK_METRICS if d.spec.kind == "counter"} & exported
     assert metrics.DISK_IO_NOW.spec.name not in exported
     reported = {labels["collector"] for labels, _ in samples["volprobe_scrape_collector_success"]}
-    assert reported == {"probe", "state", "target", "throttle", "warmup"}
+    assert reported == {"nvme", "probe", "state", "target", "throttle", "warmup"}
     # Everything exported is declared once in volprobe.metrics.
     assert exported <= metrics.series_names()
     assert exporter.stop() == 0

@@ -433,13 +433,13 @@ def volume(c: MixinConfig):
             [
                 query(
                     "A",
-                    f"histogram_quantile(0.99, sum by (op, le) (rate({nvme_latency}{{{disk}}}[$__rate_interval])))",
-                    "device p99 {{op}}",
+                    f"histogram_quantile(0.99, sum by (device, op, le) (rate({nvme_latency}{{{disk}}}[$__rate_interval])))",
+                    "device p99 {{op}} {{device}}",
                 ),
                 query(
                     "B",
-                    f"histogram_quantile(0.5, sum by (op, le) (rate({nvme_latency}{{{disk}}}[$__rate_interval])))",
-                    "device p50 {{op}}",
+                    f"histogram_quantile(0.5, sum by (device, op, le) (rate({nvme_latency}{{{disk}}}[$__rate_interval])))",
+                    "device p50 {{op}} {{device}}",
                 ),
                 query("C", quantile(0.99, TARGET), "probe p99 {{op}}"),
             ],
