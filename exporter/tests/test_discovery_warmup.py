@@ -153,3 +153,32 @@ def test_a_reload_that_adds_discovery_warmup_with_policy_all_warms_the_volumes_a
     assert sample_value(samples, "volprobe_probe_latency_seconds_count", target=name) >= probes_before
     assert all(count >= CHUNK for count in volume.read_coverage())
     assert exporter.stop() == 0
+
+
+def test_policy_new_leaves_a_volume_there_at_start_alone_across_a_reload_that_restarts_its_probes(
+    tmp_path, lab_volume, start_exporter
+):
+    """Under policy "new", a volume that was there when volprobe started is not warmed, even when a reload
+    (a new histogram window) restarts every discovered probe, which finds it again."""
+    volume = lab_volume(size=16 * MIB, calibrate=False, first_loop=FIRST_LOOP)
+    name = name_of(volume)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    config = tmp_path / "volprobe.yml"
+    text = config_text(state_dir).replace("interval: 10m", "interval: 100ms")
+    config.write_text(text)
+    exporter = start_exporter("--config", str(config))
+    exporter.wait_for(
+        lambda s: (sample_value(s, "volprobe_probe_latency_seconds_count", target=name) or 0) >= 3, what="probes"
+    )
+    before = sum(volume.read_coverage())
+    exporter.reload(config, "defaults: {window: 2m}\n" + text)
+    exporter.wait_for(
+        lambda s: (sample_value(s, "volprobe_probe_latency_seconds_count", target=name) or 0) >= 3,
+        what="the probes restarted by the reload",
+    )
+    assert f"stopped probing {name}" in exporter.log() and exporter.log().count(f"discovered {name}") == 2
+    time.sleep(1.5)
+    assert state_of(exporter.metrics(), name) is None, "not warmed"
+    assert sum(volume.read_coverage()) - before < MIB, "only probes and signature checks read it"
+    assert exporter.stop() == 0

@@ -219,3 +219,13 @@ scrape_configs:
     assert not any(labels["device"] == other_name for labels, _ in samples.get("volprobe_nvme_stats_up", []))
     assert exporter.log().count(f"no provider statistics for {other_name}") == 1
     assert exporter.stop() == 0
+
+
+def test_the_devices_32_bit_bin_counts_are_unwrapped_into_monotonic_buckets():
+    """A busy bin passes 2**32 in days: the counts the exporter gives keep rising (no false counter reset)."""
+    first = nvme.parse_log_page(page(read_bins=((0, 100, 2**32 - 10), (100, 1000, 7))))
+    wrapped = nvme.parse_log_page(page(read_bins=((0, 100, 5), (100, 1000, 9))))
+    unwrapped = wrapped.read_latency.unwrap(first.read_latency, first.read_latency)
+    assert unwrapped.buckets == ((100e-6, 2**32 + 5), (1000e-6, 2**32 + 14))
+    later = nvme.parse_log_page(page(read_bins=((0, 100, 8), (100, 1000, 9))))
+    assert later.read_latency.unwrap(unwrapped, wrapped.read_latency).buckets[0] == (100e-6, 2**32 + 8)

@@ -210,7 +210,8 @@ def test_a_corrupt_then_unwritable_state_directory_leaves_the_exporter_serving(t
 
 def test_a_loop_state_of_an_earlier_version_is_carried_over_to_its_backing_file(tmp_path):
     """Loop devices were keyed on name and size; now on the file they show. The old file's sections carry
-    over (probe cursors, warm-up), and the old file is kept as `.migrated`, never lost."""
+    over (probe cursors, warm-up), and the old file is kept as `.migrated-TIME`, never lost; a file that is
+    not a state of that identity is left alone."""
     old = state.StateStore(str(tmp_path)).volume(LOOP)
     old.put("probes", {"read:device:4096:0-1": {"key": 7, "next": 25, "used": 25, "gaps": []}})
     earlier = tmp_path / state.VolumeIdentity.of(LOOP).file_name()
@@ -218,7 +219,11 @@ def test_a_loop_state_of_an_earlier_version_is_carried_over_to_its_backing_file(
     volume = state.StateStore(str(tmp_path)).volume(image)
     assert volume.status == "ok"
     assert volume.get("probes")["read:device:4096:0-1"]["next"] == 25
-    assert not earlier.exists() and Path(str(earlier) + ".migrated").exists()
+    assert not earlier.exists() and len(list(tmp_path.glob(earlier.name + ".migrated-*"))) == 1
     saved = json.loads((tmp_path / state.VolumeIdentity.of(image).file_name()).read_text())
     assert saved["identity"]["key"] == "backing_file:/srv/images/db.img"
     assert saved["sections"]["probes"]["read:device:4096:0-1"]["next"] == 25
+    # Not a state at all (a list): left where it is, and the volume starts afresh.
+    (tmp_path / state.VolumeIdentity.of(replace(LOOP, name="loop4")).file_name()).write_text("[]")
+    other = replace(LOOP, name="loop4", backing_file="/srv/images/other.img")
+    assert state.StateStore(str(tmp_path)).volume(other).status == "new"

@@ -113,6 +113,8 @@ CASES = [
     ("header value from a number", "http_server_config: {headers: {Strict-Transport-Security: 31536000}}\n", OK, ""),
     ("rate limit in nanoseconds", "rate_limit: {interval: 1000000000, burst: 2}\n", OK, ""),
     ("rate limit, a Go duration", "rate_limit: {interval: 1m30.5s, burst: 2}\n", OK, ""),
+    ("a header split by a line break", 'http_server_config: {headers: {Content-Security-Policy: "default-src self\\r\\nSet-Cookie: a=b"}}\n',
+     REFUSE, "Content-Security-Policy"),
     ("rate limit, no burst", "rate_limit: {interval: 1m}\n", OK, ""),
 ]  # fmt: skip
 

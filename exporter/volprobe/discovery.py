@@ -123,9 +123,13 @@ def kubernetes_volume(*paths: str) -> tuple[str, str]:
 
 
 def _loop_backing_file(base: Path) -> str:
-    """The file a loop device shows; "" if none, or if it was deleted (a path then says nothing stable)."""
+    """The file a loop device shows, with the offset it starts at if not 0 (two loops on one image are two
+    volumes); "" if none, or if the file was deleted (a path then says nothing stable)."""
     path = _read(base / "loop" / "backing_file")
-    return "" if path.endswith(" (deleted)") else path
+    if not path or path.endswith(" (deleted)"):
+        return ""
+    offset = _read(base / "loop" / "offset")
+    return f"{path}@{offset}" if offset not in ("", "0") else path
 
 
 def ebs_volume_id(serial: str) -> str:

@@ -60,13 +60,35 @@ class NotPermitted(Exception):
 
 @dataclass(frozen=True)
 class Histogram:
-    """Device-side latency: (upper bound in seconds, cumulative count) per bin, ascending."""
+    """Device-side latency: (upper bound in seconds, count) per bin, ascending. The device keeps each count in
+    32 bits (it wraps: see unwrap)."""
 
-    buckets: tuple[tuple[float, int], ...]
+    bins: tuple[tuple[float, int], ...]
+
+    @property
+    def buckets(self) -> tuple[tuple[float, int], ...]:
+        """(upper bound, cumulative count), as Prometheus buckets."""
+        total, cumulative = 0, []
+        for upper, count in self.bins:
+            total += count
+            cumulative.append((upper, total))
+        return tuple(cumulative)
 
     @property
     def count(self) -> int:
-        return self.buckets[-1][1] if self.buckets else 0
+        return sum(count for _, count in self.bins)
+
+    def unwrap(self, previous: Histogram | None, raw_previous: Histogram | None) -> Histogram:
+        """These counts made monotonic across the device's 32-bit wraps: `previous` is the last unwrapped
+        histogram, `raw_previous` the last as read. A bin that went down wrapped (or the device restarted its
+        counts: then the result keeps rising, a reset Prometheus would otherwise see as a huge rate)."""
+        if previous is None or raw_previous is None or len(previous.bins) != len(self.bins):
+            return self
+        bins = []
+        for (upper, raw), (_, before), (_, raw_before) in zip(self.bins, previous.bins, raw_previous.bins, strict=True):
+            grown = (raw - raw_before) % 2**32
+            bins.append((upper, before + grown))
+        return Histogram(tuple(bins))
 
 
 @dataclass(frozen=True)
@@ -91,15 +113,14 @@ def _histogram(page: bytes, offset: int, where: str) -> Histogram:
     (bins,) = struct.unpack_from("<Q", page, offset)
     if bins > MAX_BINS:
         raise ValueError(f"{where}: {bins} bins, more than {MAX_BINS}")
-    buckets, total, previous = [], 0, 0
+    result, previous = [], 0
     for i in range(bins):
         _lower, upper, count, _pad = _BIN.unpack_from(page, offset + 8 + i * _BIN.size)
         if upper <= previous and i:
             raise ValueError(f"{where}: bin {i} upper bound {upper} us is not above the previous {previous} us")
         previous = upper
-        total += count
-        buckets.append((upper / 1e6, total))
-    return Histogram(tuple(buckets))
+        result.append((upper / 1e6, count))
+    return Histogram(tuple(result))
 
 
 def parse_log_page(page: bytes) -> Stats:

@@ -131,17 +131,23 @@ class VolumeState:
                 document = json.load(f)
         except (OSError, ValueError):
             return
-        sections = document.get("sections") if isinstance(document, dict) else None
-        if document.get("identity") != self._earlier.to_json() or not isinstance(sections, dict):
-            return
-        self._sections, self.found = sections, "ok"
-        self.created = float(document.get("created") or time.time())
+        if not (
+            isinstance(document, dict)
+            and document.get("version") == VERSION
+            and document.get("identity") == self._earlier.to_json()
+            and isinstance(document.get("sections"), dict)
+            and isinstance(document.get("created"), int | float)
+        ):
+            return  # not a state of this volume's earlier identity: left alone
+        self._sections, self.found, self.created = document["sections"], "ok", float(document["created"])
         with self._lock:
             written = self._write_locked()  # under the new identity first
         if written:
-            with contextlib.suppress(OSError):
-                os.replace(earlier, earlier + ".migrated")
-            log.info("state of %s: carried over from %s", self.identity.key, earlier)
+            try:
+                log.info("state of %s: carried over from %s, kept as %s", self.identity.key, earlier,
+                         move_aside(earlier, "migrated"))  # fmt: skip
+            except OSError as err:
+                log.warning("state of %s: carried over from %s, which stays (%s)", self.identity.key, earlier, err)
 
     def _set_aside(self, status: str, why: str) -> None:
         """Keep the bad file for a human to look at, and start afresh."""

@@ -375,7 +375,8 @@ class WarmupJob:
             self._pass(current, extents)
             if self._stop.is_set():
                 self._save(current, extents)
-                progress.state = "pending"
+                if progress.state == "running":  # not over a `failed` its owner set meanwhile
+                    progress.state = "pending"
                 return
             progress.base_bytes += progress.size
             progress.done_blocks = 0

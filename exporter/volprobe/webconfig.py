@@ -99,6 +99,7 @@ _PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFIC
 _BCRYPT = re.compile(r"^\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}$")
 _GO_DURATION = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNKNOWN_USER_HASH = b"$2b$10$" + b"." * 53  # a valid bcrypt hash of cost 10 that no password matches
 _NULL, _BOOL, _INT, _FLOAT = (f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float"))
 
 
@@ -120,6 +121,7 @@ class WebConfig:
     http2: bool = True  # validated as Go's server does; volprobe answers in HTTP/1.1 (ALPN) either way
     rate_limit: RateLimit | None = None
     files: tuple[str, ...] = ()  # the certificate, key and client CA files read: a change to one reloads
+    stamps: tuple[tuple, ...] = ()  # each file read (the web config too) as it was when read: see file_stamp
 
 
 # -- strict YAML, decoded as yaml.v2's UnmarshalStrict decodes it -----------------------------------------
@@ -131,6 +133,7 @@ class _Decoder:
 
     def __init__(self) -> None:
         self.problems: list[str] = []
+        self.read: list[tuple] = []  # file_stamp of each file read, taken on the descriptor it was read from
 
     def fail(self, key: str, message: str) -> None:
         self.problems.append(f"{key}: {message}")
@@ -297,10 +300,21 @@ def _pem(d: _Decoder, path: str, inline: str, key: str) -> bytes | None:
         return inline.encode()
     try:
         with open(path, "rb") as f:
+            d.read.append(file_stamp(path, os.fstat(f.fileno())))
             return f.read()
     except OSError as err:
         d.fail(f"{TLS_KEY}.{key}", f"cannot read {path}: {err.strerror}")
         return None
+
+
+def file_stamp(path: str, st: os.stat_result | None = None) -> tuple:
+    """What tells a changed file: modification time, size and inode (a renewal renamed into place counts)."""
+    if st is None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return (path, None)
+    return (path, st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 @contextlib.contextmanager
@@ -419,7 +433,10 @@ def _read_headers(d: _Decoder, node: yaml.Node | None) -> dict[str, str]:
     key = "http_server_config.headers"
     headers = {name: d.string(value, key_path(key, name)) for name, value in d.mapping(node, key).items()}
     for name, value in headers.items():
-        if name not in HEADERS:
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value) or not value.isascii():
+            # A CR or LF would split the response; a character beyond ASCII would fail every response.
+            d.fail(key_path(key, name), "must be printable ASCII (no control characters, no line breaks)")
+        elif name not in HEADERS:
             d.fail(key_path(key, name), f"cannot be configured (allowed: {', '.join(HEADERS)})")
         elif HEADERS[name] is not None and value not in HEADERS[name]:
             d.fail(key_path(key, name), f"{value!r} is not one of {', '.join(HEADERS[name])}")
@@ -476,21 +493,25 @@ def parse(text: str, base: str = ".") -> WebConfig:
         http2=http2,
         rate_limit=rate_limit,
         files=files,
+        stamps=tuple(d.read),
     )
 
 
 def load(path: str) -> WebConfig:
     try:
         with open(path, encoding="utf-8") as f:
+            stamp = file_stamp(path, os.fstat(f.fileno()))
             text = f.read()
     except OSError as err:
         raise ConfigError([f"{path}: cannot read: {err.strerror}"]) from None
     except UnicodeDecodeError as err:
         raise ConfigError([f"{path}: not UTF-8 text: {err}"]) from None
     try:
-        return parse(text, os.path.dirname(os.path.abspath(path)))
+        config = parse(text, os.path.dirname(os.path.abspath(path)))
     except ConfigError as err:
         raise ConfigError([f"{path}: {p}" for p in err.problems]) from None
+    config.stamps = (stamp, *config.stamps)
+    return config
 
 
 def certificate_sans(certificate: dict[str, Any]) -> list[str]:
@@ -537,32 +558,29 @@ class WebConfigWatcher:
         self._stamp: tuple | None = None
         self._config = WebConfig()
         self._auth_cache: dict[tuple[str, bytes], bool] = {}
+        self._bcrypt = threading.Lock()  # one bcrypt at a time, as exporter-toolkit: bad passwords cannot take
+        # every core from the probes
         if path:
             self._config = load(path)
-            self._stamp = self._files_stamp(self._config)
+            self._stamp = self._config.stamps
 
-    def _files_stamp(self, config: WebConfig) -> tuple:
-        stamps = []
-        for name in (self.path or "", *config.files):
-            try:
-                st = os.stat(name)
-                stamps.append((name, st.st_mtime_ns, st.st_size, st.st_ino))
-            except OSError:
-                stamps.append((name, None))
-        return tuple(stamps)
+    @staticmethod
+    def _now(stamps: tuple[tuple, ...]) -> tuple[tuple, ...]:
+        return tuple(file_stamp(stamp[0]) for stamp in stamps)
 
     def current(self) -> WebConfig:
         if not self.path:
             return self._config
-        stamp = self._files_stamp(self._config)
+        stamp = self._now(self._stamp or ())
         if stamp != self._stamp:
             with self._lock:
                 if stamp != self._stamp:
+                    # What was read, as it was when read: a file replaced during the load reloads again next time.
                     self._stamp = stamp
                     try:
                         self._config = load(self.path)
                         self._auth_cache.clear()
-                        self._stamp = self._files_stamp(self._config)  # it may name other files now
+                        self._stamp = self._config.stamps
                         log.info("reloaded web config %s and the files it names", self.path)
                     except ConfigError as err:
                         log.error("web config %s not reloaded, keeping the previous one: %s", self.path, err)
@@ -579,14 +597,17 @@ class WebConfigWatcher:
         except (binascii.Error, UnicodeDecodeError):
             return False
         hashed = config.users.get(user)
-        if hashed is None:
-            bcrypt.checkpw(b"volprobe", b"$2b$10$" + b"." * 53)  # same cost for unknown users: no user probing
-            return False
-        digest = hashlib.sha256(hashed + b"\0" + password.encode()).digest()
+        # An unknown user costs a bcrypt as a known one does, and is cached alike: no telling names apart.
+        checked = hashed if hashed is not None else _UNKNOWN_USER_HASH
+        digest = hashlib.sha256(checked + b"\0" + password.encode()).digest()
         cache_key = (user, digest)
         cached = self._auth_cache.get(cache_key)
         if cached is None:
-            cached = bcrypt.checkpw(password.encode(), hashed)
+            with self._bcrypt:
+                try:
+                    cached = bcrypt.checkpw(password.encode(), checked) and hashed is not None
+                except ValueError:  # bcrypt 5 refuses passwords over 72 bytes: a mismatch, not an error
+                    cached = False
             if len(self._auth_cache) > 1024:
                 self._auth_cache.clear()
             self._auth_cache[cache_key] = cached

@@ -27,7 +27,7 @@ class NvmeCollector:
         latency, up = metrics.NVME_LATENCY.family(), metrics.NVME_UP.family()
         for disk, device in sorted(self.exporter.provider.snapshot().items()):
             labels = [disk, device.kind]
-            up.add_metric(labels, 1.0 if device.up else 0.0)
+            up.add_metric(labels, 1.0 if device.fresh() else 0.0)
             stats = device.latest
             if stats is None:
                 continue

@@ -141,7 +141,8 @@ class Exporter:
             # Discovered devices' warm-ups follow discovery.warmup: changed settings restart them (from their
             # checkpoints), a policy that now selects a running device starts its warm-up.
             warm = config.discovery.warmup if config.discovery else None
-            self.warmups.discovered_spec_changed(warm)
+            again = self.warmups.discovered_spec_changed(warm)
+            self._warm_discovered([t for t, appeared in again if appeared], True)
             self._warm_discovered([t for t in self.probes.targets() if t.discovered], False)
         restarted = sum(1 for t in plan.stop if t.name in {s.name for s in plan.start})
         log.info(

@@ -19,6 +19,7 @@ from .. import targets as targets_mod
 from ..config import Config, ConfigError, DiscoveryConfig, TargetConfig
 from ..discovery import SKIP_BY_DEFAULT, Host
 from ..osthread import name_this_thread
+from ..state import VolumeIdentity
 from ..targets import ResolvedTarget
 from .probes import ProbeSet
 from .reload import changes, device_identity, fingerprint
@@ -91,7 +92,10 @@ class DeviceFollower:
         self._start_targets = start
         self._stop_targets = stop
         self._warm = warm  # discovery.warmup: (targets, appeared after the first scan)
-        self._scanned = False  # the first scan finds what was there at start; later ones, what appeared
+        self._scanned = False
+        # Volumes there at the first scan (by identity): a later scan that finds one again (a reload restarted
+        # the discovered targets, say) has not seen it appear. discovery.warmup's policy "new" depends on it.
+        self._there_at_start: set[str] = set()
         self.config: Config | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()  # of the current thread; each thread gets its own
@@ -160,6 +164,8 @@ class DeviceFollower:
                 name = target.device.name
                 why = self._why_stop(target, found, configured, discovery)
                 if why:
+                    if why == "no longer present":  # attached again later, it will have appeared
+                        self._there_at_start.discard(VolumeIdentity.of(target.device).key)
                     self._stop_targets([target], DISCOVERED_STOP_TIMEOUT_S, why)
                 else:
                     kept.add(name)
@@ -176,7 +182,11 @@ class DeviceFollower:
                     target.discovered = True
                 log.info("discovered %s (%s)", name, devnode)
                 self._start_targets(resolved)
-                self._warm(resolved, self._scanned)
+                if not self._scanned:
+                    self._there_at_start |= {VolumeIdentity.of(t.device).key for t in resolved}
+                appeared = [t for t in resolved if VolumeIdentity.of(t.device).key not in self._there_at_start]
+                self._warm(appeared, True)
+                self._warm([t for t in resolved if t not in appeared], False)
             self._scanned = True
 
     def _why_stop(
@@ -184,7 +194,9 @@ class DeviceFollower:
     ) -> str:
         name = target.device.name
         if name not in found:
-            return "no longer present or selected by discovery"
+            if self.host.device(name) is None:
+                return "no longer present"
+            return "no longer selected by discovery"
         if name in configured:
             return "now a configured target"
         now = self.host.device(name)

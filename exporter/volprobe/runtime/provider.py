@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import capabilities, nvme
 from ..discovery import Host
@@ -40,15 +40,22 @@ class DeviceReadings:
     kind: str
     readings: list[tuple[float, nvme.Stats]] = field(default_factory=list)
     up: bool = True  # the last read succeeded
+    max_age: float = 3 * POLL_INTERVAL_S  # older than this, the newest reading says nothing of now
+    raw: nvme.Stats | None = None  # the last reading as the device gave it (its histogram counts wrap)
 
     @property
     def latest(self) -> nvme.Stats | None:
         return self.readings[-1][1] if self.readings else None
 
-    def exceeded_fraction(self, attribute: str, window: float) -> float | None:
+    def fresh(self, now: float | None = None) -> bool:
+        """The last read succeeded, lately: a hung admin command or failing reads make it stale."""
+        now = time.monotonic() if now is None else now
+        return self.up and bool(self.readings) and now - self.readings[-1][0] <= self.max_age
+
+    def exceeded_fraction(self, attribute: str, window: float, now: float | None = None) -> float | None:
         """The share of the last `window` seconds the provider counted as over a limit (`attribute` of Stats:
-        ebs_iops_exceeded_seconds, ...); None without two readings that far apart."""
-        if len(self.readings) < 2:
+        ebs_iops_exceeded_seconds, ...); None without two readings that far apart, or without a fresh one."""
+        if len(self.readings) < 2 or not self.fresh(now):
             return None
         now, newest = self.readings[-1]
         older = [(t, s) for t, s in self.readings if now - t >= window]
@@ -68,7 +75,7 @@ class ProviderStats:
         if self.test_pages:
             self.interval = 1.0  # files, not devices: AWS's once a second is about the controllers
         self._devices: dict[str, DeviceReadings] = {}
-        self._unsupported: dict[str, float] = {}  # disk -> monotonic time it said it has no page
+        self._unsupported: dict[str, float] = {}  # device identity -> monotonic time it said it has no page
         self._logged: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -90,8 +97,8 @@ class ProviderStats:
         while not self._stop.is_set():
             try:
                 self.poll()
-            except Exception:  # one bad poll (a device vanishing mid-read) must not end the thread
-                log.exception("reading the provider's NVMe statistics failed")
+            except Exception as err:  # one bad poll (a device vanishing mid-read) must not end the thread
+                self._say("*", "poll", logging.ERROR, f"reading the provider's NVMe statistics failed: {err!r}")
             self._stop.wait(self.interval)
 
     def poll(self) -> None:
@@ -101,24 +108,26 @@ class ProviderStats:
                 del self._devices[gone]
         now = time.monotonic()
         for disk in sorted(disks):
-            if now - self._unsupported.get(disk, -RETRY_UNSUPPORTED_S) < RETRY_UNSUPPORTED_S:
+            found = self._source(disk)
+            if found is None:
                 continue
-            source = self._source(disk)
-            if source is None:
+            source, identity = found
+            if now - self._unsupported.get(identity, -RETRY_UNSUPPORTED_S) < RETRY_UNSUPPORTED_S:
                 continue
-            self._read(disk, source, now)
+            self._read(disk, source, identity, now)
 
-    def _source(self, disk: str) -> str | None:
-        """The file or device node to read the page from, or None if the disk is not an AWS NVMe device."""
+    def _source(self, disk: str) -> tuple[str, str] | None:
+        """(the file or device node to read the page from, what identifies the device: a new volume under the
+        same name is asked afresh), or None if the disk is not an AWS NVMe device."""
         if self.test_pages:
             page = os.path.join(self.test_pages, disk)
-            return page if os.path.isfile(page) else None
+            return (page, f"{disk}:{os.stat(page).st_ino}") if os.path.isfile(page) else None
         device = self.host.device(disk)
         if device is None or device.model not in nvme.MODELS:
             return None
-        return device.devnode
+        return device.devnode, f"{disk}:{device.serial}"
 
-    def _read(self, disk: str, source: str, now: float) -> None:
+    def _read(self, disk: str, source: str, identity: str, now: float) -> None:
         try:
             if self.test_pages:
                 with open(source, "rb") as f:
@@ -127,14 +136,14 @@ class ProviderStats:
                 page = nvme.read_log_page(source)
             stats = nvme.parse_log_page(page)
         except nvme.Unsupported as err:
-            self._unsupported[disk] = now
+            self._unsupported[identity] = now
             with self._lock:
                 self._devices.pop(disk, None)
             self._say(disk, "unsupported", logging.INFO, f"no provider statistics for {disk}: {err}")
             return
         except nvme.NotPermitted as err:
             capabilities.record(capabilities.NVME_ADMIN, False, f"{err}; provider statistics are not read")
-            self._unsupported[disk] = now
+            self._unsupported[identity] = now
             return
         except (OSError, ValueError) as err:
             with self._lock:
@@ -145,8 +154,18 @@ class ProviderStats:
         if not self.test_pages:
             capabilities.record(capabilities.NVME_ADMIN, True)
         with self._lock:
-            readings = self._devices.setdefault(disk, DeviceReadings(stats.kind))
-            readings.kind, readings.up = stats.kind, True
+            readings = self._devices.setdefault(disk, DeviceReadings(stats.kind, max_age=3 * self.interval))
+            raw, latest = stats, readings.latest
+            stats = replace(
+                stats,
+                read_latency=stats.read_latency.unwrap(
+                    latest and latest.read_latency, readings.raw and readings.raw.read_latency
+                ),
+                write_latency=stats.write_latency.unwrap(
+                    latest and latest.write_latency, readings.raw and readings.raw.write_latency
+                ),
+            )
+            readings.kind, readings.up, readings.raw = stats.kind, True, raw
             readings.readings.append((now, stats))
             while readings.readings and now - readings.readings[0][0] > HISTORY_S:
                 readings.readings.pop(0)

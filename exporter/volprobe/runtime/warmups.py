@@ -30,6 +30,7 @@ class _Entry:
     spec: DiscoveryWarmupConfig | None = None
     gone: float = 0.0  # monotonic time its device went (kept to show `failed`); 0 while it is there
     finished: bool = False
+    appeared: bool = False  # offered as a device that appeared after start (discovery.warmup)
 
 
 class WarmupManager:
@@ -91,7 +92,7 @@ class WarmupManager:
                 continue
             job = self._job(target, spec.warmup)
             job.progress.state = "queued"
-            entry = _Entry(target, job, discovered=True, spec=spec)
+            entry = _Entry(target, job, discovered=True, spec=spec, appeared=appeared)
             with self._lock:
                 # A volume seen again under its old name (re-attached) replaces its retained entry.
                 self._entries = [e for e in self._entries if not (e.gone and e.target.name == target.name)]
@@ -109,7 +110,7 @@ class WarmupManager:
     def _start_queued(self) -> None:
         with self._lock:
             running = sum(1 for e in self._entries if e.discovered and e.thread is not None and not e.finished)
-            ready = [e for e in self._entries if e.discovered and e.thread is None]
+            ready = [e for e in self._entries if e.discovered and e.thread is None and not e.gone]
             chosen = ready[: max(0, self._max_concurrent - running)]
             for entry in chosen:
                 entry.job.progress.state = "pending"
@@ -117,9 +118,10 @@ class WarmupManager:
         for entry in chosen:
             self._run(entry)
 
-    def discovered_spec_changed(self, spec: DiscoveryWarmupConfig | None) -> list[ResolvedTarget]:
+    def discovered_spec_changed(self, spec: DiscoveryWarmupConfig | None) -> list[tuple[ResolvedTarget, bool]]:
         """After a reload: stop the discovered warm-ups whose settings changed (they resume from their
-        checkpoint when offered again); returns the targets to offer again."""
+        checkpoint when offered again); returns those targets, with whether each had appeared after start, to
+        offer again under the new settings (a queued one, with no checkpoint yet, is not lost)."""
         with self._lock:
             changed = [e for e in self._entries if e.discovered and not e.gone and e.spec != spec]
         self._stop_entries(changed, "discovery.warmup changed")
@@ -127,7 +129,7 @@ class WarmupManager:
             self._entries = [e for e in self._entries if e not in changed]
             if spec is not None:
                 self._max_concurrent = spec.max_concurrent
-        return [e.target for e in changed]
+        return [(e.target, e.appeared) for e in changed]
 
     # -- stopping -------------------------------------------------------------------------------------------
 
