@@ -75,3 +75,24 @@ def test_the_license_file_and_the_spdx_string_agree():
     assert "Apache License" in (REPO / "LICENSE").read_text() and "Version 2.0" in (REPO / "LICENSE").read_text()
     # An SPDX expression in `license` needs setuptools 77 (PEP 639); older ones reject it.
     assert "setuptools>=77" in project["build-system"]["requires"]
+
+
+def test_the_readmes_promql_parses_and_names_only_declared_metrics(tmp_path):
+    """Every ```promql block of the README is valid PromQL for promtool 2.42, and every volprobe_* series it
+    names is one volprobe exports."""
+    import re
+
+    import yaml
+
+    from volprobe import metrics
+
+    blocks = re.findall(r"```promql\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+    assert len(blocks) >= 3
+    expressions = ["\n".join(line for line in block.splitlines() if not line.startswith("#")) for block in blocks]
+    rules = [{"record": f"readme:block:{i}", "expr": expr} for i, expr in enumerate(expressions)]
+    path = tmp_path / "readme-rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "readme", "rules": rules}]}))
+    result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    named = {name for expr in expressions for name in re.findall(r"\bvolprobe_[a-z0-9_]+", expr)}
+    assert named <= metrics.series_names(), named - metrics.series_names()

@@ -16,6 +16,10 @@ pkg/metrics/nvme.go and nvme-cli's amzn plugin agree on it):
     512  read histogram: u64 number of bins, then 64 bins of (u64 lower us, u64 upper us, u32 count, u32 pad)
     2056 write histogram, the same
 
+Instance store uses the same page with its own magic and version at 4; its volume-limit fields (56, 64) do
+not apply, and its histograms by I/O size (from 3600, and a second 4 KiB that nvme-cli reads with a log page
+offset) are not read here. Bin counts are 32 bits (nvme-cli's layout): Histogram.unwrap keeps them monotonic.
+
 Pure parsing here; `read_log_page` sends the command, through an injected ioctl.
 """
 
