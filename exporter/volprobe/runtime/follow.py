@@ -164,7 +164,7 @@ class DeviceFollower:
                 name = target.device.name
                 why = self._why_stop(target, found, configured, discovery)
                 if why:
-                    if why == "no longer present":  # attached again later, it will have appeared
+                    if why.startswith(("no longer", "the device was replaced")):  # back later, it appeared
                         self._there_at_start.discard(VolumeIdentity.of(target.device).key)
                     self._stop_targets([target], DISCOVERED_STOP_TIMEOUT_S, why)
                 else:
@@ -194,7 +194,8 @@ class DeviceFollower:
     ) -> str:
         name = target.device.name
         if name not in found:
-            if self.host.device(name) is None:
+            present = self.host.device(name)
+            if present is None or present.size_bytes == 0:  # gone, or a loop device left with no file
                 return "no longer present"
             return "no longer selected by discovery"
         if name in configured:
