@@ -173,3 +173,24 @@ def test_an_overlay_with_the_component_builds_with_the_release_label_and_your_im
         assert objects[kind]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "registry.example.com/volprobe:0.1.0"
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not installed")
+def test_the_aws_nvme_stats_component_runs_the_container_as_root_with_sys_admin_only(tmp_path):
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    base = os.path.relpath(BASE, overlay)
+    component = os.path.relpath(REPO / "deploy/kubernetes/components/aws-nvme-stats", overlay)
+    (overlay / "kustomization.yaml").write_text(f"resources: [{base}]\ncomponents: [{component}]\n")
+    built = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    (daemonset,) = [d for d in yaml.safe_load_all(built.stdout) if d and d["kind"] == "DaemonSet"]
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    context = container["securityContext"]
+    assert context["runAsUser"] == 0 and context["runAsNonRoot"] is False
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+    manifest = tmp_path / "daemonset.yaml"
+    manifest.write_text(yaml.safe_dump(daemonset))
+    kubernetes_validate = Path(sys.executable).parent / "kubernetes-validate"
+    result = subprocess.run([str(kubernetes_validate), "--strict", str(manifest)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
