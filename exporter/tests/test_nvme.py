@@ -176,6 +176,13 @@ scrape_configs:
             timeout=40,
             what="the provider's verdict: throttled",
         )
+        # volprobe adds nothing to a throttled volume's queue: its probes back off (10x), as on a plateau.
+        samples = exporter.wait_for(
+            lambda s: sample_value(s, "volprobe_probe_interval_seconds", target="db") == 1.0,
+            timeout=10,
+            what="the probes backing off",
+        )
+        assert sample_value(samples, "volprobe_probe_interval_seconds", target="other") == 0.1
         deadline = time.monotonic() + 60
         while not firing(prometheus.alerts(), "VolprobeThrottled", device=ebs_name, source="provider"):
             assert time.monotonic() < deadline, prometheus.alerts()

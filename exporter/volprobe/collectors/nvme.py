@@ -6,14 +6,8 @@ from __future__ import annotations
 from prometheus_client.core import Metric
 
 from .. import metrics
+from ..runtime.provider import EXCEEDED
 from . import Sources, register
-
-EXCEEDED = (
-    ("volume", "iops", "ebs_iops_exceeded_seconds"),
-    ("volume", "bandwidth", "ebs_throughput_exceeded_seconds"),
-    ("instance", "iops", "ec2_iops_exceeded_seconds"),
-    ("instance", "bandwidth", "ec2_throughput_exceeded_seconds"),
-)
 
 
 @register("nvme", "the provider's statistics of AWS NVMe devices (EBS, instance store)")

@@ -7,11 +7,8 @@ from prometheus_client.core import Metric
 
 from .. import metrics
 from ..detectors import DIRECTIONS, LIMITS
+from ..runtime.provider import verdicts
 from . import Sources, register
-from .nvme import EXCEEDED
-
-PROVIDER_WINDOW_S = 15.0  # as the detector needs 15 s of a plateau to flag it
-PROVIDER_SHARE = 0.5  # throttled when the provider counted demand over a limit for most of the window
 
 
 @register("throttle", "throttling plateaus and provisioned limits")
@@ -59,11 +56,6 @@ class ThrottleCollector:
                 if value is not None:
                     unloaded.add_metric([name, direction], value)
         for name, device in sorted(self.exporter.provider.snapshot().items()):
-            for scope, limit, attribute in EXCEEDED:
-                if scope == "volume" and device.kind != "ebs":
-                    continue
-                fraction = device.exceeded_fraction(attribute, PROVIDER_WINDOW_S)
-                if fraction is not None:
-                    label = limit if scope == "volume" else f"instance_{limit}"
-                    active.add_metric([name, label, "total", "provider"], 1.0 if fraction >= PROVIDER_SHARE else 0.0)
+            for limit, throttled in verdicts(device).items():
+                active.add_metric([name, limit, "total", "provider"], 1.0 if throttled else 0.0)
         return [*families, active, ceiling_ops, ceiling_bytes, seconds, share, checks, unloaded]

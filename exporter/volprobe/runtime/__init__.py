@@ -46,7 +46,7 @@ class Exporter:
         self.state = StateStore(state_directory(config.state_directory))
         self.warmups = WarmupManager(self.state)
         self.throttle = ThrottleWatch(self.probes, host, lambda: self.state)
-        self.provider = ProviderStats(host, self.throttle.devices)
+        self.provider = ProviderStats(host, self.throttle.devices, self.throttle.provider_changed)
         self._lock = threading.Lock()  # reloads and discovery rescans, one at a time
         self.follower = DeviceFollower(
             host, self.probes, self._lock, self._start_targets, self._stop_targets, self._warm_discovered

@@ -66,10 +66,44 @@ class DeviceReadings:
         return max(0.0, min(1.0, grown / (now - then)))
 
 
+# The provider's throttle verdict: demand over a limit for most of the last 15 s (the detector needs 15 s of a
+# plateau to flag one), per (scope, limit) and the Stats field that counts it.
+VERDICT_WINDOW_S = 15.0
+VERDICT_SHARE = 0.5
+EXCEEDED = (
+    ("volume", "iops", "ebs_iops_exceeded_seconds"),
+    ("volume", "bandwidth", "ebs_throughput_exceeded_seconds"),
+    ("instance", "iops", "ec2_iops_exceeded_seconds"),
+    ("instance", "bandwidth", "ec2_throughput_exceeded_seconds"),
+)
+
+
+def verdicts(device: DeviceReadings, now: float | None = None) -> dict[str, bool]:
+    """The provider's throttle verdict per limit (`iops`, `bandwidth` of the volume; `instance_iops`,
+    `instance_bandwidth` of the instance); limits it cannot judge now (too few or stale readings) are absent.
+    Instance store has no volume limits."""
+    result = {}
+    for scope, limit, attribute in EXCEEDED:
+        if scope == "volume" and device.kind != "ebs":
+            continue
+        fraction = device.exceeded_fraction(attribute, VERDICT_WINDOW_S, now)
+        if fraction is not None:
+            result[limit if scope == "volume" else f"instance_{limit}"] = fraction >= VERDICT_SHARE
+    return result
+
+
 class ProviderStats:
-    def __init__(self, host: Host, disks: Callable[[], set[str]], interval: float = POLL_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        host: Host,
+        disks: Callable[[], set[str]],
+        on_verdict: Callable[[str, bool], None] = lambda _disk, _throttled: None,
+        interval: float = POLL_INTERVAL_S,
+    ) -> None:
         self.host = host
         self.disks = disks  # the whole disks under the running targets
+        self.on_verdict = on_verdict  # (disk, throttled at some limit): the probes back off as for a plateau
+        self._throttled: set[str] = set()
         self.interval = interval
         self.test_pages = os.environ.get(TEST_PAGES_ENV) or None
         if self.test_pages:
@@ -106,6 +140,18 @@ class ProviderStats:
         with self._lock:
             for gone in set(self._devices) - disks:
                 del self._devices[gone]
+        self._poll(disks)
+        now = time.monotonic()
+        for disk, device in self.snapshot().items():
+            throttled = any(verdicts(device, now).values())
+            if throttled != (disk in self._throttled):
+                self._throttled ^= {disk}
+                self.on_verdict(disk, throttled)
+        for disk in self._throttled - disks:  # a disk no longer read (stopped, or unsupported now)
+            self._throttled.discard(disk)
+            self.on_verdict(disk, False)
+
+    def _poll(self, disks: set[str]) -> None:
         now = time.monotonic()
         for disk in sorted(disks):
             found = self._source(disk)

@@ -38,6 +38,8 @@ class ThrottleWatch:
         self._remembered: dict[tuple[str, str], tuple[float, int]] = {}  # (disk, direction) -> (seconds, unix time)
         self._saved_at: dict[str, float] = {}
         self._burst_requests: dict[str, int] = {}
+        self._inferred: set[str] = set()  # disks on a plateau, by the detector
+        self._provider: set[str] = set()  # disks throttled by the provider's own count (runtime.provider)
 
     def apply(self, config: ThrottleConfig) -> None:
         """Start the detector, or restart it if its settings changed."""
@@ -64,6 +66,7 @@ class ThrottleWatch:
         if self.detector is not None:
             self.detector.stop()
             self.detector = None
+        self._inferred.clear()  # a new detector judges afresh
         for running in self.probes.running():
             running.worker.set_slowdown(1.0)
 
@@ -150,7 +153,18 @@ class ThrottleWatch:
         return sum(p.worker.completed for p in self.probes.on_disk(disk)) + bursts
 
     def changed(self, disk: str, throttled: bool) -> None:
-        """Probes back off while their disk is throttled, so volprobe never adds to the throttling it reports."""
+        """Probes back off while their disk is throttled, so volprobe never adds to the throttling it reports:
+        on a plateau the detector found (here), or when the provider counts demand over a limit
+        (provider_changed)."""
+        (self._inferred.add if throttled else self._inferred.discard)(disk)
+        self._slow_down(disk)
+
+    def provider_changed(self, disk: str, throttled: bool) -> None:
+        (self._provider.add if throttled else self._provider.discard)(disk)
+        self._slow_down(disk)
+
+    def _slow_down(self, disk: str) -> None:
+        throttled = self.detector is not None and (disk in self._inferred or disk in self._provider)
         factor = self.config.backoff if throttled else 1.0
         for running in self.probes.on_disk(disk):
             running.worker.set_slowdown(factor)
@@ -161,7 +175,7 @@ class ThrottleWatch:
         if detector is None:
             return
         for running in new:
-            if any(detector.is_throttled(disk) for disk in running.target.disks):
+            if any(detector.is_throttled(disk) or disk in self._provider for disk in running.target.disks):
                 running.worker.set_slowdown(self.config.backoff)
 
     # -- active checks -----------------------------------------------------------------------------------------
