@@ -159,16 +159,21 @@ def test_no_unpublished_image_is_referenced():
         assert "ghcr.io" not in path.read_text(), path
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not installed")
-def test_an_overlay_with_the_component_builds_with_the_release_label_and_your_image(tmp_path):
+def build_overlay(tmp_path: Path, component: str) -> dict[str, dict]:
+    """`kubectl kustomize` of an overlay of the base with one component: the objects built, by kind."""
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     base = os.path.relpath(BASE, overlay)
-    component = os.path.relpath(REPO / "deploy/kubernetes/components/kube-prometheus-stack", overlay)
-    (overlay / "kustomization.yaml").write_text(f"resources: [{base}]\ncomponents: [{component}]\n")
+    path = os.path.relpath(REPO / "deploy/kubernetes/components" / component, overlay)
+    (overlay / "kustomization.yaml").write_text(f"resources: [{base}]\ncomponents: [{path}]\n")
     built = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
     assert built.returncode == 0, built.stderr
-    objects = {d["kind"]: d for d in yaml.safe_load_all(built.stdout) if d}
+    return {d["kind"]: d for d in yaml.safe_load_all(built.stdout) if d}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not installed")
+def test_an_overlay_with_the_component_builds_with_the_release_label_and_your_image(tmp_path):
+    objects = build_overlay(tmp_path, "kube-prometheus-stack")
     for kind in ("ServiceMonitor", "PrometheusRule"):
         assert objects[kind]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
@@ -177,14 +182,7 @@ def test_an_overlay_with_the_component_builds_with_the_release_label_and_your_im
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not installed")
 def test_the_aws_nvme_stats_component_runs_the_container_as_root_with_sys_admin_only(tmp_path):
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    base = os.path.relpath(BASE, overlay)
-    component = os.path.relpath(REPO / "deploy/kubernetes/components/aws-nvme-stats", overlay)
-    (overlay / "kustomization.yaml").write_text(f"resources: [{base}]\ncomponents: [{component}]\n")
-    built = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
-    assert built.returncode == 0, built.stderr
-    (daemonset,) = [d for d in yaml.safe_load_all(built.stdout) if d and d["kind"] == "DaemonSet"]
+    daemonset = build_overlay(tmp_path, "aws-nvme-stats")["DaemonSet"]
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
     context = container["securityContext"]
     assert context["runAsUser"] == 0 and context["runAsNonRoot"] is False

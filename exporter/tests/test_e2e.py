@@ -43,6 +43,19 @@ TEST_SIZED = {
 }
 
 
+def start_with_rules(start_prometheus, directory: Path, port: int, every: str):
+    """A real Prometheus scraping the exporter on `port` and evaluating the shipped rules, test-sized, `every`."""
+    rules_path = directory / "volprobe-rules.yml"
+    rules_path.write_text(rules.render(mixin.from_mapping(TEST_SIZED)))
+    return start_prometheus(f"""
+global: {{scrape_interval: {every}, evaluation_interval: {every}}}
+rule_files: [{rules_path}]
+scrape_configs:
+  - job_name: volprobe
+    static_configs: [{{targets: ["127.0.0.1:{port}"]}}]
+""")
+
+
 def firing(alerts: list[dict], name: str, **labels: str) -> bool:
     return any(
         a["labels"].get("alertname") == name
@@ -84,15 +97,7 @@ targets:
     pages.mkdir()
     (pages / devices["healthy"]).write_bytes(counters_page(60.0))
     exporter = start_exporter("--config", str(config), env={"VOLPROBE_TEST_NVME_PAGES": str(pages)})
-    rules_path = tmp_path / "volprobe-rules.yml"
-    rules_path.write_text(rules.render(mixin.from_mapping(TEST_SIZED)))
-    prometheus = start_prometheus(f"""
-global: {{scrape_interval: 2s, evaluation_interval: 2s}}
-rule_files: [{rules_path}]
-scrape_configs:
-  - job_name: volprobe
-    static_configs: [{{targets: ["127.0.0.1:{exporter.port}"]}}]
-""")
+    prometheus = start_with_rules(start_prometheus, tmp_path, exporter.port, "2s")
     # The detector learns the unloaded latency from the probes: let them see the capped volume idle first.
     exporter.wait_for(
         lambda s: (

@@ -115,10 +115,7 @@ def test_provider_statistics_metrics_throttle_verdict_and_alert_on_a_real_promet
     the foreign device said once in the log, not at every read."""
     import threading
 
-    from volprobe import mixin
-    from volprobe.mixin import rules
-
-    from .test_e2e import TEST_SIZED, firing
+    from .test_e2e import firing, start_with_rules
     from .test_mixin import substitute
 
     ebs, other = make_loop(16 * MIB, name="ebs"), make_loop(16 * MIB, name="other")
@@ -140,15 +137,7 @@ def test_provider_statistics_metrics_throttle_verdict_and_alert_on_a_real_promet
         f" {{name: other, device: {other}, probes: [{{op: read, interval: 100ms}}]}}]\n"
     )
     exporter = start_exporter("--config", str(config), env={"VOLPROBE_TEST_NVME_PAGES": str(pages)})
-    rules_path = tmp_path / "rules.yml"
-    rules_path.write_text(rules.render(mixin.from_mapping(TEST_SIZED)))
-    prometheus = start_prometheus(f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-rule_files: [{rules_path}]
-scrape_configs:
-  - job_name: volprobe
-    static_configs: [{{targets: ["127.0.0.1:{exporter.port}"]}}]
-""")
+    prometheus = start_with_rules(start_prometheus, tmp_path, exporter.port, "1s")
     stop = threading.Event()
     share = [0.0]
 

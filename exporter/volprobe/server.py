@@ -224,14 +224,25 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
+    _config: WebConfig | None = None  # the web config of the request being answered
+
+    def handle_one_request(self) -> None:
+        self._config = None  # each request sees the web config as it is when it arrives, as exporter-toolkit's
+        super().handle_one_request()
+
+    def _web(self) -> WebConfig:
+        if self._config is None:
+            self._config = self.server.web.current()
+        return self._config
+
     def end_headers(self) -> None:
         # The security headers of http_server_config go on every response, the stdlib's error pages too.
-        for name, value in self.server.web.current().headers.items():
+        for name, value in self._web().headers.items():
             self.send_header(name, value)
         super().end_headers()
 
     def _over_limit(self) -> bool:
-        if self.server.allow(self.server.web.current()):
+        if self.server.allow(self._web()):
             return False
         self._send(429, b"Too Many Requests\n", "text/plain; charset=utf-8")
         return True
@@ -251,7 +262,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self._over_limit():
             return
-        config = self.server.web.current()
+        config = self._web()
         if not self.server.web.authorized(config, self.headers.get("Authorization")):
             self._send(
                 401,

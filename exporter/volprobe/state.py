@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from .discovery import BlockDevice
@@ -278,9 +278,8 @@ class StateStore:
             state = self._volumes.get(identity.key)
         if state is None:
             # Read the file outside the store's lock: scrapes take it, and the state directory may be slow.
-            earlier = None
-            if identity.source == "backing_file":
-                earlier = VolumeIdentity(f"name:{device.name}:{device.size_bytes}", "name+size", device.size_bytes)
+            # Earlier versions did not know a loop device's backing file: what they keyed its state on.
+            earlier = VolumeIdentity.of(replace(device, backing_file="")) if identity.source == "backing_file" else None
             loaded = VolumeState(self.directory, identity, device.name, earlier)
             with self._lock:
                 state = self._volumes.setdefault(identity.key, loaded)

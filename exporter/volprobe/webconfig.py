@@ -479,7 +479,8 @@ def parse(text: str, base: str = ".") -> WebConfig:
         context, files = _context(d, settings, http2)
     if d.problems:
         raise ConfigError(d.problems)
-    if not settings.enabled() and top.get(TLS_KEY) is not None and d.mapping(top.get(TLS_KEY), TLS_KEY):
+    tls_node = top.get(TLS_KEY)
+    if not settings.enabled() and isinstance(tls_node, yaml.MappingNode) and tls_node.value:
         log.warning("web config: tls_server_config has no certificate, key or client auth type: TLS is off")
     rate_limit = RateLimit(interval, burst) if interval != 0 else None
     if rate_limit and burst <= 0:
