@@ -34,13 +34,23 @@ def series(exporter) -> set[tuple[str, frozenset]]:
     }
 
 
+def steady(pid: int, window: float = 1.0) -> tuple[int, int]:
+    """The fewest threads and descriptors seen over a window: reads open and close a descriptor per probe and
+    a scrape holds a socket for a moment, so one sample may count those; a leak stays in every sample."""
+    deadline = time.monotonic() + window
+    low = (threads(pid), fds(pid))
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+        low = (min(low[0], threads(pid)), min(low[1], fds(pid)))
+    return low
+
+
 def settle(exporter, baseline: tuple[int, int], timeout: float = 20) -> tuple[int, int]:
     deadline = time.monotonic() + timeout
     pid = exporter.process.pid
-    now = (threads(pid), fds(pid))
+    now = steady(pid)
     while now != baseline and time.monotonic() < deadline:
-        time.sleep(0.2)
-        now = (threads(pid), fds(pid))
+        now = steady(pid)
     return now
 
 
@@ -69,7 +79,7 @@ def test_a_hundred_reloads_and_attach_detach_cycles_leave_nothing_behind(tmp_pat
     )
     time.sleep(2)
     pid = exporter.process.pid
-    baseline = (threads(pid), fds(pid))
+    baseline = steady(pid)
     expected = series(exporter)
 
     staged = tmp_path / "volprobe.yml.new"

@@ -316,7 +316,7 @@ def test_an_unreachable_server_is_an_error(tmp_path):
 
 
 LIVE_PERIODS = 3  # the fewest a verdict is given on (verdict.MIN_PERIODS)
-LIVE_PERIOD_S = 30
+LIVE_PERIOD_S = 20
 RECORDED = (
     "volprobe_probe_latency_seconds",
     "volprobe_probe_failures",
@@ -359,12 +359,12 @@ def retimed_history(scrapes: list[Samples], days: int) -> str:
 @pytest.mark.lab
 def test_history_recorded_from_lab_volumes_then_live(tmp_path, lab_volume, make_loop, start_exporter, start_prometheus):
     """The real exporter on three lab volumes (8 KiB writes of 1 ms, 1.4 ms and 1 ms again) and a loop device
-    probed with another block size, for a minute and a half, with a real Prometheus scraping it every second.
+    probed with another block size, for a minute, with a real Prometheus scraping it every second.
 
     Recorded: its expositions, laid out over four days (retimed_history) and backfilled into a second Prometheus
     with promtool: worse with the ratio the exporter itself measured (its exact recent medians) within 5%,
     equivalent for the equal pair, inconclusive on one period, the other spec refused.
-    Live: three periods of 30 s: worse, and each side's median lies in the bucket the report gives for it.
+    Live: three periods of 20 s: worse, and each side's median lies in the bucket the report gives for it.
     (The reference for the ratio is what the probes saw, not the lab's settings: uncalibrated, the lab adds its
     chain's overhead to both. Without O_DSYNC: through the lab's loop, FUSE and NBD a flush adds about a
     millisecond of its own.)"""

@@ -119,7 +119,7 @@ def test_steady_demand_bursts_and_qd1_under_way_at_start_are_not_flagged(tmp_pat
                     runtime=30,
                 )
             reads = []
-            end = time.monotonic() + 24
+            end = time.monotonic() + 18
             while time.monotonic() < end:
                 samples = exporter.metrics()
                 active = [(labels, v) for labels, v in samples.get("volprobe_throttle_active", []) if v == 1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import gc
 import json
 import logging
@@ -187,7 +188,7 @@ def run_exporter(argv: Sequence[str]) -> int:
     gc.freeze()
 
     wake = threading.Event()
-    requests: list[str] = []
+    requests: collections.deque[str] = collections.deque()
 
     def on_signal(signum: int, _frame: object) -> None:
         requests.append(signal.Signals(signum).name)
@@ -202,7 +203,11 @@ def run_exporter(argv: Sequence[str]) -> int:
     while True:
         wake.wait()
         wake.clear()
-        pending, requests[:] = list(requests), []
+        # Popped one by one: a handler runs between any two bytecodes, and a copy-then-clear could drop a
+        # SIGTERM that arrived in between (the loop would then reload instead of stopping).
+        pending = [requests.popleft() for _ in range(len(requests))]
+        if not pending:  # drained by the previous turn, whose wake came after the clear
+            continue
         if any(name != "SIGHUP" for name in pending):
             log.info("received %s, shutting down", pending[-1])
             break
