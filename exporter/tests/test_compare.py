@@ -244,7 +244,7 @@ def test_the_migration_dashboard_and_the_report_agree(prometheus):
     cdf = next(q for q in queries if "$__range" in q and '"$baseline"' in q)
     whole = {r["quantile"]: r for r in report["quantiles"]}
     for side, target in (("baseline", "aws"), ("candidate", "azure")):
-        expr = cdf.replace("$cluster", ".*").replace("$job", "volprobe").replace("$instance", "node:10130")
+        expr = cdf.replace("$cluster", ".*").replace("$job", "volprobe").replace("$baseline_instance", "node:10130")
         expr = expr.replace("$op", "write")
         expr = expr.replace("$__range", f"{4 * DAY}s").replace("$baseline", target)
         fractions = {
@@ -253,6 +253,9 @@ def test_the_migration_dashboard_and_the_report_agree(prometheus):
         }
         low, high = whole[0.5][side]["bucket"]
         assert fractions[high] >= 0.5 > fractions.get(low, 0.0), (side, low, high, fractions)
+        # The same target name on another host is another volume: the side's instance is honoured.
+        elsewhere = expr.replace('instance="node:10130"', 'instance="elsewhere:10130"')
+        assert elsewhere != expr and prometheus.api("query", query=elsewhere, time=str(END))["result"] == []
 
 
 def test_a_server_behind_tls_and_basic_auth(prometheus, tmp_path):

@@ -29,6 +29,8 @@ SUBSTITUTIONS = {
     "$job": "volprobe",
     "$instance": "host:10130",
     "$target": "pgdata",
+    "$baseline_instance": "ebs-host:10130",
+    "$candidate_instance": "azure-host:10130",
     "$baseline": "aws",
     "$candidate": "azure",
     "$device": "nvme1n1",
@@ -201,8 +203,8 @@ ADDED_LABELS = {"volprobe_throttle_active": {"source"}}
 
 
 def test_promtool_test_inputs_carry_the_declared_labels():
-    """Input series of alerts/tests have exactly the labels volprobe exports (plus job and instance), or those of
-    an older exporter (ADDED_LABELS)."""
+    """Input series of alerts/tests have exactly the labels volprobe exports (plus job, instance and maybe
+    cluster), or those of an older exporter (ADDED_LABELS)."""
     declared = {}
     for spec in metrics.ALL:
         for name in spec.series_names():
@@ -218,7 +220,7 @@ def test_promtool_test_inputs_carry_the_declared_labels():
                 name, labels = re.fullmatch(r"([A-Za-z0-9_:]+)\{(.*)\}", series["series"]).groups()
                 if name not in declared:  # recorded series and up (an undeclared volprobe_* fails the test above)
                     continue
-                keys = set(re.findall(r'(\w+)="', labels))
+                keys = set(re.findall(r'(\w+)="', labels)) - {"cluster"}  # Prometheus's, where it adds one
                 if keys not in (declared[name], declared[name] - ADDED_LABELS.get(name, set())):
                     wrong.append(f"{path.name}: {name} has {sorted(keys)}, expected {sorted(declared[name])}")
     assert not wrong, "\n".join(wrong)
@@ -248,13 +250,16 @@ def test_datasource_variable_used_by_every_panel_and_target(model):
 
 def test_job_and_instance_variables(model):
     variables = {v["name"]: v for v in model["templating"]["list"]}
-    assert "job" in variables and "instance" in variables
+    # The Migration dashboard picks an instance per side (test_the_migration_dashboard_pins_each_side...).
+    instances = ["$baseline_instance", "$candidate_instance"] if model["uid"].endswith("-migration") else ["$instance"]
+    assert "job" in variables and all(name[1:] in variables for name in instances)
     # The optional cluster: All is .*, which matches series without the label too.
     assert variables["cluster"]["includeAll"] and variables["cluster"]["allValue"] == ".*"
     for panel in panels(model):
         for target in panel.get("targets", []):
             if "volprobe_" in target["expr"] or "target_op:" in target["expr"]:
-                assert all(v in target["expr"] for v in ("$cluster", "$job", "$instance")), target["expr"]
+                assert "$cluster" in target["expr"] and "$job" in target["expr"], target["expr"]
+                assert any(name in target["expr"] for name in instances), target["expr"]
 
 
 def test_every_panel_says_what_it_shows(model):
@@ -309,10 +314,34 @@ def test_the_fleet_table_has_a_unit_per_column_and_links_each_volume_to_its_dash
 def test_the_volume_dashboard_links_to_its_warm_up_and_migration_views():
     uids = {json.loads(p.read_text())["title"]: json.loads(p.read_text())["uid"] for p in DASHBOARDS}
     volume = json.loads((REPO / "dashboards" / "volprobe-volume.json").read_text())
-    urls = [link["url"] for link in volume["links"]]
-    for title in ("volprobe / Warm-up", "volprobe / Migration"):
-        assert any(url.startswith(f"/d/{uids[title]}/") and "${instance:queryparam}" in url for url in urls), title
+    urls = {link["title"]: link["url"] for link in volume["links"]}
+    warmup = urls["Warm-up of this volume"]
+    assert warmup.startswith(f"/d/{uids['volprobe / Warm-up']}/") and "${instance:queryparam}" in warmup
+    # This volume becomes the baseline (its host and target); the candidate is picked on its own host.
+    migration = urls["Compare with another volume (Migration)"]
+    assert migration.startswith(f"/d/{uids['volprobe / Migration']}/")
+    assert "var-baseline_instance=${instance}" in migration and "var-baseline=${target}" in migration
+    for url in urls.values():
+        assert "${cluster:queryparam}" in url and "${job:queryparam}" in url, url
     assert all(link["keepTime"] for link in volume["links"])
+
+
+def test_the_migration_dashboard_pins_each_side_to_its_own_instance_and_target():
+    """A migration compares hosts (an EBS node with an Azure one): each side's series come from its own
+    instance and target, by equality, and the shared target name of two hosts never merges them."""
+    model = json.loads((REPO / "dashboards" / "volprobe-migration.json").read_text())
+    variables = {v["name"]: v for v in model["templating"]["list"]}
+    assert "instance" not in variables
+    for side in ("baseline", "candidate"):
+        for name in (f"{side}_instance", side):
+            assert not variables[name].get("multi") and not variables[name].get("includeAll"), name
+        assert f'instance="${side}_instance"' in variables[side]["query"]
+    for panel in panels(model):
+        for target in panel["targets"]:
+            for side in re.findall(r'target="\$(\w+)"', target["expr"]):
+                assert f'instance="${side}_instance", target="${side}"' in target["expr"], target["expr"]
+            sides = set(re.findall(r'instance="\$(\w+)_instance"', target["expr"]))
+            assert sides and sides <= {"baseline", "candidate"}, target["expr"]
 
 
 def test_rates_use_rate_interval(model):

@@ -123,9 +123,10 @@ def series(
     return panel
 
 
-def variables(d, *extra, one_instance: bool = False):
-    """datasource, job and instance, then `extra`. one_instance: a single instance, no "All" (the Volume
-    dashboard: a target name can repeat on several hosts, whose buckets must never be summed)."""
+def variables(d, *extra, one_instance: bool = False, instance: bool = True):
+    """datasource, cluster, job and instance, then `extra`. one_instance: a single instance, no "All" (the
+    Volume dashboard: a target name can repeat on several hosts, whose buckets must never be summed).
+    instance=False: no shared instance variable (the Migration dashboard picks one per side)."""
     d = d.with_variable(dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"))
     # Optional: where Prometheus adds a `cluster` label (external or target labels), pick one; where it does
     # not, the only choice is All (.*), which also matches series without the label.
@@ -148,29 +149,33 @@ def variables(d, *extra, one_instance: bool = False):
         .multi(True)
         .include_all(True)
     )
-    d = d.with_variable(
-        dashboard.QueryVariable("instance")
-        .label("instance")
-        .datasource(DS)
-        .query(f'label_values({BUILD_INFO}{{cluster=~"$cluster", job=~"$job"}}, instance)')
-        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .multi(not one_instance)
-        .include_all(not one_instance)
-    )
+    if instance:
+        d = d.with_variable(instance_variable("instance", "instance", many=not one_instance))
     for variable in extra:
         d = d.with_variable(variable)
     return d
 
 
-def target_variable(name: str, label: str, hide: bool = False):
-    variable = (
+def instance_variable(name: str, label: str, many: bool):
+    return (
         dashboard.QueryVariable(name)
         .label(label)
         .datasource(DS)
-        .query(f"label_values({TARGET_INFO}{{{BASE}}}, target)")
+        .query(f'label_values({BUILD_INFO}{{cluster=~"$cluster", job=~"$job"}}, instance)')
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(many)
+        .include_all(many)
+    )
+
+
+def target_variable(name: str, label: str, instance: str = 'instance=~"$instance"'):
+    return (
+        dashboard.QueryVariable(name)
+        .label(label)
+        .datasource(DS)
+        .query(f'label_values({TARGET_INFO}{{cluster=~"$cluster", job=~"$job", {instance}}}, target)')
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
     )
-    return variable
 
 
 def base(c: MixinConfig, name: str, title: str, description: str):
@@ -196,7 +201,7 @@ def quantile(q: float, selector: str, by: str = "op") -> str:
 def fleet(c: MixinConfig):
     layout = Layout()
     d = variables(base(c, "fleet", "volprobe / Fleet", "Every probed volume: latency, throttling, errors, warm-up."))
-    by = "instance, target, device"
+    by = "cluster, instance, target, device"  # cluster: node names repeat across clusters
 
     def p(q: float, op: str) -> str:
         return (
@@ -219,8 +224,8 @@ def fleet(c: MixinConfig):
         .with_target(
             query(
                 "E",
-                f"max by ({by}) ({TARGET_INFO}{{{BASE}}} * on (job, instance, device) group_left () "
-                f"max by (job, instance, device) ({THROTTLE_ACTIVE}{{{BASE}}}))",
+                f"max by ({by}) ({TARGET_INFO}{{{BASE}}} * on (cluster, job, instance, device) group_left () "
+                f"max by (cluster, job, instance, device) ({THROTTLE_ACTIVE}{{{BASE}}}))",
                 instant=True,
                 fmt=PromQueryFormat.TABLE,
             )
@@ -296,13 +301,13 @@ def fleet(c: MixinConfig):
     for title, expr, unit, description in (
         (
             "Throttled disks",
-            f"sum(max by (instance, device) ({THROTTLE_ACTIVE}{{{BASE}}})) or vector(0)",
+            f"sum(max by (cluster, instance, device) ({THROTTLE_ACTIVE}{{{BASE}}})) or vector(0)",
             "none",
             "Disks whose I/O sits on a flat ceiling (a provider's IOPS or bandwidth cap) right now.",
         ),
         (
             "Failing probes",
-            f"count(sum by (instance, target, op) (increase({FAILURES}{{{BASE}}}[$__rate_interval])) > 0) or vector(0)",
+            f"count(sum by (cluster, instance, target, op) (increase({FAILURES}{{{BASE}}}[$__rate_interval])) > 0) or vector(0)",
             "none",
             "Probes (target and op) with at least one failed request over $__rate_interval.",
         ),
@@ -362,15 +367,19 @@ def volume(c: MixinConfig):
         one_instance=True,
     )
     for name, title, extra in (
-        ("warmup", "Warm-up of this volume", ""),
-        ("migration", "Compare with another volume (Migration)", "&var-baseline=${target}"),
+        ("warmup", "Warm-up of this volume", "&${instance:queryparam}"),
+        (
+            "migration",
+            "Compare with another volume (Migration)",
+            "&var-baseline_instance=${instance}&var-baseline=${target}&var-candidate_instance=${instance}",
+        ),
     ):
         d = d.link(
             dashboard.DashboardLink(title)
             .type(DashboardLinkType.LINK)
             .url(
-                f"/d/{c.dashboard_uid_prefix}-{name}/?${{datasource:queryparam}}&${{job:queryparam}}"
-                f"&${{instance:queryparam}}{extra}"
+                f"/d/{c.dashboard_uid_prefix}-{name}/?${{datasource:queryparam}}&${{cluster:queryparam}}"
+                f"&${{job:queryparam}}{extra}"
             )
             .keep_time(True)
             .include_vars(False)
@@ -679,21 +688,32 @@ def warmup(c: MixinConfig):
 
 
 def migration(c: MixinConfig):
+    """Each side is one target on one instance of its own: a migration compares hosts (the EBS node with the
+    Azure one), and a target name that repeats across hosts must never merge them."""
     layout = Layout()
     op_var = dashboard.CustomVariable("op").label("op").values("write,read")
+    sides = ("baseline", "candidate")
+    picks = []
+    for side in sides:
+        picks.append(instance_variable(f"{side}_instance", f"{side} instance", many=False))
+        picks.append(target_variable(side, side, instance=f'instance="${side}_instance"'))
     d = variables(
         base(
             c,
             "migration",
             "volprobe / Migration",
-            "Is the candidate volume as good as the baseline? Same probe spec, side by side over days.",
+            "Is the candidate volume as good as the baseline? Same probe spec, side by side over days, "
+            "each side on its own instance.",
         ),
-        target_variable("baseline", "baseline"),
-        target_variable("candidate", "candidate"),
+        *picks,
         op_var,
+        instance=False,
     )
     d = d.time("now-14d", "now")
-    sides = (("baseline", "$baseline"), ("candidate", "$candidate"))
+    selectors = {
+        side: f'cluster=~"$cluster", job=~"$job", instance="${side}_instance", target="${side}", op="$op"'
+        for side in sides
+    }
     for name in ("p50", "p99", "p999"):
         d = d.with_panel(
             series(
@@ -701,8 +721,8 @@ def migration(c: MixinConfig):
                 f"Daily {name}: baseline vs candidate",
                 "s",
                 [
-                    query(ref, f'max({recorded(name + "_daily")}{{{BASE}, target="{value}", op="$op"}})', side)
-                    for ref, (side, value) in zip("AB", sides, strict=True)
+                    query(ref, f"max({recorded(name + '_daily')}{{{selectors[side]}}})", side)
+                    for ref, side in zip("AB", sides, strict=True)
                 ],
                 width=8,
                 description=f"{name} of each day's probes (recorded over {c.daily_window}).",
@@ -716,8 +736,8 @@ def migration(c: MixinConfig):
             [
                 query(
                     ref,
-                    f'max({recorded(name + "_daily")}{{{BASE}, target="$candidate", op="$op"}}) / '
-                    f'max({recorded(name + "_daily")}{{{BASE}, target="$baseline", op="$op"}})',
+                    f"max({recorded(name + '_daily')}{{{selectors['candidate']}}}) / "
+                    f"max({recorded(name + '_daily')}{{{selectors['baseline']}}})",
                     name,
                 )
                 for ref, name in zip("ABC", ("p50", "p99", "p999"), strict=True)
@@ -740,13 +760,12 @@ def migration(c: MixinConfig):
             "the candidate's bars lower than the baseline's mean slower probes."
         )
     )
-    for ref, (side, value) in zip("AB", sides, strict=True):
-        selector = f'{BASE}, target="{value}", op="$op"'
+    for ref, side in zip("AB", sides, strict=True):
         overlay = overlay.with_target(
             query(
                 ref,
-                f"sum by (le) (increase({LATENCY.bucket}{{{selector}}}[$__range])) / ignoring (le) group_left "
-                f"sum(increase({LATENCY.count}{{{selector}}}[$__range]))",
+                f"sum by (le) (increase({LATENCY.bucket}{{{selectors[side]}}}[$__range])) / ignoring (le) group_left "
+                f"sum(increase({LATENCY.count}{{{selectors[side]}}}[$__range]))",
                 side,
                 instant=True,
                 fmt=PromQueryFormat.TABLE,

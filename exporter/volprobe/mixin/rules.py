@@ -17,7 +17,12 @@ READ_BYTES, WRITTEN_BYTES = metrics.DISK_READ_BYTES.spec, metrics.DISK_WRITTEN_B
 # Recorded per-device I/O rates (reads + writes): names of our own, not of one exported family.
 DISK_OPS_RATE = "device:volprobe_disk_ops:rate"
 DISK_BYTES_RATE = "device:volprobe_disk_bytes:rate"
-BY_PROBE = "cluster, job, instance, target, device, op"  # cluster: kept where Prometheus adds one
+# cluster: kept where Prometheus adds one (where it does not, it is empty on every side and changes nothing).
+# Every join and sum names it: node names repeat across clusters (instance is the node on Kubernetes).
+BY_PROBE = "cluster, job, instance, target, device, op"
+BY_TARGET = "cluster, job, instance, target, device"
+BY_DEVICE = "cluster, job, instance, device"
+BY_INSTANCE = "cluster, job, instance"
 QUANTILES = (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
 
 
@@ -58,7 +63,7 @@ def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
             {
                 "record": record,
                 "expr": (
-                    f"sum by (cluster, job, instance, device) (rate({read.total}{{{c.selector}}}[{c.rate_window}])"
+                    f"sum by ({BY_DEVICE}) (rate({read.total}{{{c.selector}}}[{c.rate_window}])"
                     f" + rate({write.total}{{{c.selector}}}[{c.rate_window}]))"
                 ),
             }
@@ -148,7 +153,7 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
     # NVMe statistics). `source!="provider"` also matches exporters older than the source label.
     active = metrics.THROTTLE_ACTIVE.name
     plateau = " or\n".join(
-        f"({metric}{{{sel}}}\n  * on (job, instance, device, dir) group_left (limit, source)\n"
+        f"({metric}{{{sel}}}\n  * on ({BY_DEVICE}, dir) group_left (limit, source)\n"
         f'  ({active}{{{sel}, limit="{limit}", source!="provider"}} == 1))'
         for limit, metric in (
             ("iops", metrics.THROTTLE_CEILING_OPS.name),
@@ -175,7 +180,7 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         )
     )
     near = " or\n".join(
-        f"label_replace(\n  {recorded_rate}{{{sel}}}\n  / on (job, instance, device)\n  max by (job, instance, device) "
+        f"label_replace(\n  {recorded_rate}{{{sel}}}\n  / on ({BY_DEVICE})\n  max by ({BY_DEVICE}) "
         f'({metric}{{{sel}}})\n  > {c.limit_ratio:g},\n  "limit", "{limit}", "", "")'
         for limit, recorded_rate, metric in (
             ("iops", DISK_OPS_RATE, metrics.LIMIT_OPS.name),
@@ -212,8 +217,7 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             "VolprobeProbeErrors",
             # The failures counter exists at 0 from a probe's start, so the very first failure is an increase
             # (an errno series would appear at 1, which increase() cannot see).
-            f"sum by (job, instance, target, device, op) "
-            f"(increase({metrics.PROBE_FAILURES.total}{{{sel}}}[{c.rate_window}])) > 0",
+            f"sum by ({BY_PROBE}) (increase({metrics.PROBE_FAILURES.total}{{{sel}}}[{c.rate_window}])) > 0",
             c.errors_for,
             "warning",
             "Probes of a volume fail.",
@@ -225,11 +229,11 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeProbesMissing",
-            f"sum by (job, instance, target, device, op) (increase({LATENCY.count}{{{sel}}}[{c.missing_window}])) == 0\n"
-            f"and on (job, instance) up{{{sel}}} == 1\n"
+            f"sum by ({BY_PROBE}) (increase({LATENCY.count}{{{sel}}}[{c.missing_window}])) == 0\n"
+            f"and on ({BY_INSTANCE}) up{{{sel}}} == 1\n"
             # only probes that already existed a whole window ago: a fresh start is not "missing"
-            f"and on (job, instance, target, device, op)\n"
-            f"  sum by (job, instance, target, device, op) ({LATENCY.count}{{{sel}}} offset {c.missing_window})",
+            f"and on ({BY_PROBE})\n"
+            f"  sum by ({BY_PROBE}) ({LATENCY.count}{{{sel}}} offset {c.missing_window})",
             c.missing_for,
             "warning",
             "The exporter is up but a probe produced no sample.",
@@ -266,8 +270,8 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             c,
             "VolprobeWarmupStalled",
             f'{metrics.WARMUP_STATE.name}{{{sel}, state="running"}} == 1\n'
-            f"and on (job, instance, target, device) changes({done}{{{sel}}}[{c.warmup_stall_window}]) == 0\n"
-            f"and on (job, instance, target, device) {done}{{{sel}}} offset {c.warmup_stall_window}",
+            f"and on ({BY_TARGET}) changes({done}{{{sel}}}[{c.warmup_stall_window}]) == 0\n"
+            f"and on ({BY_TARGET}) {done}{{{sel}}} offset {c.warmup_stall_window}",
             c.warmup_stall_for,
             "warning",
             "A volume warm-up makes no progress.",
