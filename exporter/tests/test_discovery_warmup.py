@@ -91,6 +91,15 @@ def test_a_volume_attached_at_run_time_is_warmed_whole_once_resumed_after_a_rest
     time.sleep(1)
     read = sum(volume.read_coverage()) - sum(before)
     assert read <= 256 * 1024, f"{read} bytes read from a volume already warmed (signature checks and probes only)"
+    # Restarted again, the warmed volume is there at start: still shown done (a workload gated on its progress
+    # must not wait for ever after an exporter restart), and still not read.
+    assert exporter.stop() == 0
+    before = volume.read_coverage()
+    exporter = start(tmp_path, start_exporter)
+    samples = exporter.wait_for(lambda s: state_of(s, again) == "done", what="a warmed volume shown done at start")
+    assert sample_value(samples, "volprobe_warmup_progress_ratio", target=again) == 1
+    read = sum(volume.read_coverage()) - sum(before)
+    assert read <= 256 * 1024, f"{read} bytes read from a warmed volume after a restart"
     assert exporter.stop() == 0
 
 
@@ -182,3 +191,105 @@ def test_policy_new_leaves_a_volume_there_at_start_alone_across_a_reload_that_re
     assert state_of(exporter.metrics(), name) is None, "not warmed"
     assert sum(volume.read_coverage()) - before < MIB, "only probes and signature checks read it"
     assert exporter.stop() == 0
+
+
+def test_two_dozen_volumes_attached_at_once_are_warmed_two_at_a_time_and_scrapes_stay_fast(tmp_path, start_exporter):
+    """A node that gets 24 volumes at once (a StatefulSet rescheduled there): two warm-ups at a time, the rest
+    queued, every volume read whole (the kernel's own count of sectors read), threads bounded by the limit, and
+    no scrape held up by the queue. Plain loop devices: the lab's chain is too heavy for two dozen."""
+    exporter = start(tmp_path, start_exporter, rate="8MiB", max_concurrent=2)
+    baseline_threads = int(Path(f"/proc/{exporter.process.pid}/status").read_text().split("Threads:")[1].split()[0])
+    size = 4 * MIB
+    devices: dict[str, int] = {}
+    try:
+        devices = attach_plain_loops(tmp_path, 24, size)
+        most_running, most_threads, slowest, seen_queued = 0, 0, 0.0, set()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            samples = exporter.metrics()
+            slowest = max(slowest, time.monotonic() - started)
+            states = {d: state_of(samples, d) for d in devices}
+            most_running = max(most_running, sum(1 for s in states.values() if s == "running"))
+            seen_queued |= {d for d, s in states.items() if s == "queued"}
+            status = Path(f"/proc/{exporter.process.pid}/status").read_text()
+            most_threads = max(most_threads, int(status.split("Threads:")[1].split()[0]))
+            if all(s == "done" for s in states.values()):
+                break
+            time.sleep(0.2)
+        assert all(s == "done" for s in states.values()), f"{states}\n{exporter.log()[-4000:]}"
+        assert most_running == 2 and len(seen_queued) >= 12, (most_running, len(seen_queued))
+        for device, before in devices.items():  # as the kernel counts them: at least the whole volume
+            assert bytes_read(device) - before >= size, device
+        # The warm-ups' threads are the limit's (jobs: 2 each), not one per queued volume; 4 for the rest (the
+        # new probes' workers come and go with the devices, and are at most a few at a time here).
+        assert most_threads - baseline_threads <= 2 * 2 + 24 + 4, (baseline_threads, most_threads)
+        assert slowest < 2.0, f"a scrape took {slowest:.2f} s while the queue drained"
+    finally:
+        detach(devices)
+    assert exporter.stop() == 0
+
+
+def bytes_read(device: str) -> int:
+    """What the kernel counts read from the device so far (a loop device keeps its count across attachments)."""
+    stat = Path(f"/sys/block/{device}/stat")
+    return int(stat.read_text().split()[2]) * 512 if stat.exists() else 0
+
+
+def attach_plain_loops(tmp_path: Path, count: int, size: int, skip: int = 10) -> dict[str, int]:
+    """`count` plain loop devices over sparse files, at free numbers of discovery's range (after `skip`): each
+    with what the kernel had counted read from it before."""
+    free = [n for n in range(FIRST_LOOP + skip, FIRST_LOOP + 50) if not Path(f"/sys/block/loop{n}/loop").exists()]
+    assert len(free) >= count, free
+    devices = {}
+    try:
+        for number in free[:count]:
+            backing = tmp_path / f"volume{number}.img"
+            with open(backing, "wb") as f:
+                f.truncate(size)
+            before = bytes_read(f"loop{number}")
+            harness.run("losetup", "--direct-io=on", f"/dev/loop{number}", str(backing))
+            devices[f"loop{number}"] = before
+    except BaseException:
+        detach(devices)
+        raise
+    return devices
+
+
+def detach(devices) -> None:
+    for device in devices:
+        harness.run("losetup", "--detach", f"/dev/{device}")
+
+
+def test_queued_warmups_survive_a_sigterm_and_a_kill_9(tmp_path, start_exporter):
+    """Three volumes attached at once, one warmed at a time: the two queued have no checkpoint of their own yet,
+    and after a restart they are volumes "there at start". Their state marks them queued, so the restarted
+    exporter (policy new) still warms all three, each whole, none twice."""
+    size = 4 * MIB
+    exporter = start(tmp_path, start_exporter, rate="1MiB", max_concurrent=1)
+    devices = attach_plain_loops(tmp_path, 3, size)
+    try:
+        for stop in ("SIGTERM", "kill -9"):
+            exporter.wait_for(
+                lambda s: (
+                    sum(state_of(s, d) == "running" for d in devices) == 1
+                    and sum(state_of(s, d) == "queued" for d in devices) >= 1
+                ),
+                timeout=20,
+                what="one warm-up running, another queued",
+            )
+            if stop == "SIGTERM":
+                assert exporter.stop() == 0
+            else:
+                exporter.process.kill()
+                exporter.process.wait(10)
+            exporter = start(tmp_path, start_exporter, rate="1MiB", max_concurrent=1)
+        exporter.wait_for(
+            lambda s: all(state_of(s, d) == "done" for d in devices), timeout=40, what="every volume warmed"
+        )
+        for device, before in devices.items():  # whole, and not twice (the probes' and checks' few reads aside)
+            read = bytes_read(device) - before
+            assert size <= read < size + 2 * MIB, (device, read)
+        assert exporter.stop() == 0
+    finally:
+        detach(devices)

@@ -91,11 +91,11 @@ class DeviceFollower:
         self.lock = lock  # the exporter's: rescans and reloads one at a time
         self._start_targets = start
         self._stop_targets = stop
-        self._warm = warm  # discovery.warmup: (targets, appeared after the first scan)
-        self._scanned = False
-        # Volumes there at the first scan (by identity): a later scan that finds one again (a reload restarted
-        # the discovered targets, say) has not seen it appear. discovery.warmup's policy "new" depends on it.
-        self._there_at_start: set[str] = set()
+        self._warm = warm  # discovery.warmup: (targets, appeared since discovery started)
+        # Volumes there when discovery started (by identity), taken before the exporter serves: a volume attached
+        # a moment later, before the first scan ran, has appeared; a later scan that finds one of these again (a
+        # reload restarted the discovered targets, say) has not. discovery.warmup's policy "new" depends on it.
+        self._there_at_start: set[str] | None = None
         self.config: Config | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()  # of the current thread; each thread gets its own
@@ -113,6 +113,8 @@ class DeviceFollower:
                 self._stop_targets(gone, DISCOVERED_STOP_TIMEOUT_S, "discovery is no longer configured")
             return
         warn_unmatched(self.host, config.discovery)
+        if self._there_at_start is None:
+            self._there_at_start = self._identities(candidates(self.host, config.discovery))
         if self._thread is None:
             if not self._udev_tried:
                 self._udev_tried, self._events = True, udev_events()
@@ -164,8 +166,8 @@ class DeviceFollower:
                 name = target.device.name
                 why = self._why_stop(target, found, configured, discovery)
                 if why:
-                    if why.startswith(("no longer", "the device was replaced")):  # back later, it appeared
-                        self._there_at_start.discard(VolumeIdentity.of(target.device).key)
+                    if why.startswith(("no longer", "the device was replaced")) and self._there_at_start:
+                        self._there_at_start.discard(VolumeIdentity.of(target.device).key)  # back later: appeared
                     self._stop_targets([target], DISCOVERED_STOP_TIMEOUT_S, why)
                 else:
                     kept.add(name)
@@ -182,12 +184,14 @@ class DeviceFollower:
                     target.discovered = True
                 log.info("discovered %s (%s)", name, devnode)
                 self._start_targets(resolved)
-                if not self._scanned:
-                    self._there_at_start |= {VolumeIdentity.of(t.device).key for t in resolved}
-                appeared = [t for t in resolved if VolumeIdentity.of(t.device).key not in self._there_at_start]
+                there = self._there_at_start or set()
+                appeared = [t for t in resolved if VolumeIdentity.of(t.device).key not in there]
                 self._warm(appeared, True)
                 self._warm([t for t in resolved if t not in appeared], False)
-            self._scanned = True
+
+    def _identities(self, found: dict[str, str]) -> set[str]:
+        devices = (self.host.device(name) for name in found)
+        return {VolumeIdentity.of(device).key for device in devices if device is not None}
 
     def _why_stop(
         self, target: ResolvedTarget, found: dict[str, str], configured: set[str], discovery: DiscoveryConfig

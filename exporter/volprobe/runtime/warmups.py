@@ -19,6 +19,9 @@ STOP_TIMEOUT_S = 5.0
 # A discovered device's warm-up that failed (its device vanished, say) stays exported this long after its
 # device went, so that the dashboard and alerts see `failed`, and the log says why.
 FAILED_RETENTION_S = 3600.0
+# The state section that marks a discovered volume's warm-up as queued, before its own checkpoint exists: a
+# restart finds the volume there "at start", and only this says it still owes a warm-up.
+QUEUED_SECTION = "warmup_queued"
 
 
 @dataclass
@@ -83,12 +86,14 @@ class WarmupManager:
     def offer(self, targets: list[ResolvedTarget], spec: DiscoveryWarmupConfig, appeared: bool) -> None:
         """Discovered devices, for `discovery.warmup`: queue those the policy selects. `appeared`: the device
         came after the exporter started. With policy "new", one that was there at start is warmed only if its
-        state holds a warm-up a restart interrupted."""
+        state holds a warm-up a restart interrupted (begun or queued), and shown `done` if it was warmed."""
         for target in targets:
             with self._lock:
                 if any(e.target is target for e in self._entries):
                     continue
-            if spec.policy == "new" and not appeared and not self._interrupted(target):
+            # One warmed before is offered too (it reads nothing): its `done` stays exported across restarts, for
+            # the dashboards and for a workload gated on its progress.
+            if spec.policy == "new" and not appeared and not (self._interrupted(target) or self._finished(target)):
                 continue
             job = self._job(target, spec.warmup)
             job.progress.state = "queued"
@@ -98,14 +103,23 @@ class WarmupManager:
                 self._entries = [e for e in self._entries if not (e.gone and e.target.name == target.name)]
                 self._entries.append(entry)
                 self._max_concurrent = spec.max_concurrent
+            if self.store.directory is not None and not self._finished(target):
+                self.store.volume(target.device).put(QUEUED_SECTION, {"since": round(time.time(), 3)})
             log.info("discovered %s: warm-up queued (%s)", target.name, job.identity.device)
         self._start_queued()
 
     def _interrupted(self, target: ResolvedTarget) -> bool:
+        """Its state holds a warm-up begun or queued and not finished (a restart came in between)."""
         if self.store.directory is None:
             return False
+        volume = self.store.volume(target.device)
+        section = volume.get("warmup")
+        begun = isinstance(section, dict) and section.get("phase") in ("read", "write")
+        return begun or (volume.get(QUEUED_SECTION) is not None and not self._finished(target))
+
+    def _finished(self, target: ResolvedTarget) -> bool:
         section = self.store.volume(target.device).get("warmup")
-        return isinstance(section, dict) and section.get("phase") in ("read", "write")
+        return isinstance(section, dict) and section.get("phase") == "done"
 
     def _start_queued(self) -> None:
         with self._lock:
