@@ -225,3 +225,46 @@ def test_the_devices_32_bit_bin_counts_are_unwrapped_into_monotonic_buckets():
     assert unwrapped.buckets == ((100e-6, 2**32 + 5), (1000e-6, 2**32 + 14))
     later = nvme.parse_log_page(page(read_bins=((0, 100, 8), (100, 1000, 9))))
     assert later.read_latency.unwrap(unwrapped, wrapped.read_latency).buckets[0] == (100e-6, 2**32 + 8)
+
+
+def test_a_device_whose_page_read_hangs_blocks_neither_scrapes_nor_other_devices(tmp_path, make_loop, start_exporter):
+    """One device's read never returns (its page is a FIFO nobody writes: the test hook's stand-in for a Get Log
+    Page to a wedged controller). The other device is still read every second, scrapes stay fast, the hung one
+    is reported down and said once in the log, and the exporter stops cleanly while the read still hangs."""
+    import contextlib
+    import os
+
+    healthy, hung = make_loop(16 * MIB, name="healthy"), make_loop(16 * MIB, name="hung")
+    healthy_name, hung_name = healthy.rsplit("/", 1)[1], hung.rsplit("/", 1)[1]
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    os.mkfifo(pages / hung_name)
+    config = tmp_path / "volprobe.yml"
+    config.write_text(
+        f"targets: [{{name: healthy, device: {healthy}, probes: [{{op: read, interval: 100ms}}]}},"
+        f" {{name: hung, device: {hung}, probes: [{{op: read, interval: 100ms}}]}}]\n"
+    )
+    started = time.monotonic()
+    try:
+        exporter = start_exporter("--config", str(config), env={"VOLPROBE_TEST_NVME_PAGES": str(pages)})
+        slowest, seen_healthy = 0.0, []
+        while time.monotonic() - started < 10:
+            # The healthy page changes every second: each fresh reading is a new one.
+            temporary = pages / ".page"
+            temporary.write_bytes(counters_page(time.monotonic() - started))
+            temporary.replace(pages / healthy_name)
+            before = time.monotonic()
+            samples = exporter.metrics()
+            slowest = max(slowest, time.monotonic() - before)
+            seen_healthy.append(sample_value(samples, "volprobe_nvme_stats_up", device=healthy_name))
+            assert sample_value(samples, "volprobe_nvme_stats_up", device=hung_name) in (None, 0.0)
+            time.sleep(0.5)
+        # Fresh all along once first read (the hung read never stalls it, past the first poll's wait).
+        first = seen_healthy.index(1.0)
+        assert first < 8 and all(up == 1.0 for up in seen_healthy[first:]), seen_healthy
+        assert slowest < 1.0, f"a scrape took {slowest:.2f} s"
+        assert exporter.log().count(f"provider statistics of {hung_name}: its log page read has not returned") == 1
+        assert exporter.stop() == 0
+    finally:
+        with contextlib.suppress(OSError):  # let the hung read end, if the exporter is still there to read
+            os.close(os.open(pages / hung_name, os.O_WRONLY | os.O_NONBLOCK))

@@ -1,5 +1,6 @@
 """The provider's statistics of the probed NVMe devices (volprobe.nvme), read in a thread of their own: an admin
-command to a hung controller waits for the kernel's admin timeout, and a scrape must never wait with it.
+command to a hung controller waits for the kernel's admin timeout, and a scrape must never wait with it; each
+device is read in a thread of its own, so one that hangs leaves the others read.
 
 Only the whole disks under the targets whose model is an AWS one (EBS, instance store) are asked, every
 POLL_INTERVAL_S (AWS: no more often than once a second). A device without the page is remembered and not
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +32,9 @@ POLL_INTERVAL_S = 5.0
 RETRY_UNSUPPORTED_S = 3600.0
 LOG_AGAIN_S = 3600.0
 HISTORY_S = 120.0  # readings kept per device: the exceeded-time rates of the throttle verdict need 15 s
+# How long a poll waits for one device's page before it goes on to the next: each read runs in a thread of its
+# own, so an admin command that hangs (a wedged controller) holds that thread only, not the other devices.
+READ_WAIT_S = 2.0
 TEST_PAGES_ENV = "VOLPROBE_TEST_NVME_PAGES"
 
 
@@ -114,6 +119,7 @@ class ProviderStats:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._reading: dict[str, tuple[threading.Thread, float]] = {}  # disk -> its read in flight, since when
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="provider stats", daemon=True)
@@ -124,7 +130,9 @@ class ProviderStats:
 
     def snapshot(self) -> dict[str, DeviceReadings]:
         with self._lock:
-            return {name: DeviceReadings(d.kind, list(d.readings), d.up) for name, d in self._devices.items()}
+            return {
+                name: DeviceReadings(d.kind, list(d.readings), d.up, d.max_age) for name, d in self._devices.items()
+            }
 
     def _run(self) -> None:
         name_this_thread("vp provider")
@@ -154,26 +162,54 @@ class ProviderStats:
     def _poll(self, disks: set[str]) -> None:
         now = time.monotonic()
         for disk in sorted(disks):
+            reader, since = self._reading.get(disk, (None, now))
+            if reader is not None and reader.is_alive():  # its last read still hangs: not asked again meanwhile
+                self._hung(disk, now - since)
+                continue
             found = self._source(disk)
             if found is None:
                 continue
             source, identity = found
             if now - self._unsupported.get(identity, -RETRY_UNSUPPORTED_S) < RETRY_UNSUPPORTED_S:
                 continue
-            self._read(disk, source, identity, now)
+            reader = threading.Thread(
+                target=self._read, args=(disk, source, identity, now), name=f"vp nvme {disk}", daemon=True
+            )
+            self._reading[disk] = (reader, now)
+            reader.start()
+            reader.join(READ_WAIT_S)
+            if reader.is_alive():
+                self._hung(disk, time.monotonic() - now)
+        for disk in set(self._reading) - disks:
+            del self._reading[disk]
+
+    def _hung(self, disk: str, seconds: float) -> None:
+        with self._lock:
+            if disk in self._devices:
+                self._devices[disk].up = False
+        self._say(
+            disk,
+            "hung",
+            logging.WARNING,
+            f"provider statistics of {disk}: its log page read has not returned for {seconds:.0f} s "
+            f"(the device hangs?); the other devices are read on",
+        )
 
     def _source(self, disk: str) -> tuple[str, str] | None:
         """(the file or device node to read the page from, what identifies the device: a new volume under the
         same name is asked afresh), or None if the disk is not an AWS NVMe device."""
         if self.test_pages:
             page = os.path.join(self.test_pages, disk)
-            return (page, f"{disk}:{os.stat(page).st_ino}") if os.path.isfile(page) else None
+            # A regular file, or a FIFO: a read that hangs until the test writes to it.
+            exists = os.path.isfile(page) or (os.path.exists(page) and stat.S_ISFIFO(os.stat(page).st_mode))
+            return (page, f"{disk}:{os.stat(page).st_ino}") if exists else None
         device = self.host.device(disk)
         if device is None or device.model not in nvme.MODELS:
             return None
         return device.devnode, f"{disk}:{device.serial}"
 
     def _read(self, disk: str, source: str, identity: str, now: float) -> None:
+        name_this_thread()
         try:
             if self.test_pages:
                 with open(source, "rb") as f:
