@@ -264,16 +264,22 @@ def detach(devices) -> None:
 def test_queued_warmups_survive_a_sigterm_and_a_kill_9(tmp_path, start_exporter):
     """Three volumes attached at once, one warmed at a time: the two queued have no checkpoint of their own yet,
     and after a restart they are volumes "there at start". Their state marks them queued, so the restarted
-    exporter (policy new) still warms all three, each whole, none twice."""
-    size = 4 * MIB
-    exporter = start(tmp_path, start_exporter, rate="1MiB", max_concurrent=1)
+    exporter (policy new) still warms all three, each whole, none twice. The kill -9 comes in the first quarter
+    of a fresh warm-up: what a kill -9 loses is what was read after the last checkpoint (up to 5 s of reading),
+    read again after the restart; a SIGTERM loses nothing."""
+    size = 8 * MIB
+    exporter = start(tmp_path, start_exporter, rate="2MiB", max_concurrent=1)
     devices = attach_plain_loops(tmp_path, 3, size)
+
+    def progress(samples, device: str) -> float:
+        return sample_value(samples, "volprobe_warmup_progress_ratio", target=device) or 0.0
+
     try:
-        for stop in ("SIGTERM", "kill -9"):
+        for stop, most in (("kill -9", 0.25), ("SIGTERM", 0.99)):
             exporter.wait_for(
-                lambda s: (
-                    sum(state_of(s, d) == "running" for d in devices) == 1
-                    and sum(state_of(s, d) == "queued" for d in devices) >= 1
+                lambda s, most=most: (
+                    [progress(s, d) <= most for d in devices if state_of(s, d) == "running"] == [True]
+                    and any(state_of(s, d) == "queued" for d in devices)
                 ),
                 timeout=20,
                 what="one warm-up running, another queued",
@@ -283,13 +289,14 @@ def test_queued_warmups_survive_a_sigterm_and_a_kill_9(tmp_path, start_exporter)
             else:
                 exporter.process.kill()
                 exporter.process.wait(10)
-            exporter = start(tmp_path, start_exporter, rate="1MiB", max_concurrent=1)
+            exporter = start(tmp_path, start_exporter, rate="2MiB", max_concurrent=1)
         exporter.wait_for(
             lambda s: all(state_of(s, d) == "done" for d in devices), timeout=40, what="every volume warmed"
         )
-        for device, before in devices.items():  # whole, and not twice (the probes' and checks' few reads aside)
+        # Whole; beyond one pass, at most the quarter a kill -9 lost, and the probes' and checks' few reads.
+        for device, before in devices.items():
             read = bytes_read(device) - before
-            assert size <= read < size + 2 * MIB, (device, read)
+            assert size <= read < size + size // 4 + MIB, (device, read)
         assert exporter.stop() == 0
     finally:
         detach(devices)

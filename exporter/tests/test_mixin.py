@@ -320,7 +320,8 @@ def test_the_volume_dashboard_links_to_its_warm_up_and_migration_views():
     # This volume becomes the baseline (its host and target); the candidate is picked on its own host.
     migration = urls["Compare with another volume (Migration)"]
     assert migration.startswith(f"/d/{uids['volprobe / Migration']}/")
-    assert "var-baseline_instance=${instance}" in migration and "var-baseline=${target}" in migration
+    assert "var-baseline_instance=${instance:percentencode}" in migration
+    assert "var-baseline=${target:percentencode}" in migration
     for url in urls.values():
         assert "${cluster:queryparam}" in url and "${job:queryparam}" in url, url
     assert all(link["keepTime"] for link in volume["links"])

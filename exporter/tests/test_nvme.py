@@ -247,7 +247,7 @@ def test_a_device_whose_page_read_hangs_blocks_neither_scrapes_nor_other_devices
     started = time.monotonic()
     try:
         exporter = start_exporter("--config", str(config), env={"VOLPROBE_TEST_NVME_PAGES": str(pages)})
-        slowest, seen_healthy = 0.0, []
+        slowest, seen_healthy, seen_hung = 0.0, [], []
         while time.monotonic() - started < 10:
             # The healthy page changes every second: each fresh reading is a new one.
             temporary = pages / ".page"
@@ -257,8 +257,10 @@ def test_a_device_whose_page_read_hangs_blocks_neither_scrapes_nor_other_devices
             samples = exporter.metrics()
             slowest = max(slowest, time.monotonic() - before)
             seen_healthy.append(sample_value(samples, "volprobe_nvme_stats_up", device=healthy_name))
-            assert sample_value(samples, "volprobe_nvme_stats_up", device=hung_name) in (None, 0.0)
+            seen_hung.append(sample_value(samples, "volprobe_nvme_stats_up", device=hung_name))
             time.sleep(0.5)
+        # Down, from its first read on: absent only until the first poll has waited for it.
+        assert set(seen_hung) <= {None, 0.0} and seen_hung[-1] == 0.0, seen_hung
         # Fresh all along once first read (the hung read never stalls it, past the first poll's wait).
         first = seen_healthy.index(1.0)
         assert first < 8 and all(up == 1.0 for up in seen_healthy[first:]), seen_healthy

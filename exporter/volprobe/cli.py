@@ -208,8 +208,9 @@ def run_exporter(argv: Sequence[str]) -> int:
         pending = [requests.popleft() for _ in range(len(requests))]
         if not pending:  # drained by the previous turn, whose wake came after the clear
             continue
-        if any(name != "SIGHUP" for name in pending):
-            log.info("received %s, shutting down", pending[-1])
+        stops = [name for name in pending if name != "SIGHUP"]
+        if stops:
+            log.info("received %s, shutting down", stops[0])
             break
         reload_config(args, exporter)
     stuck = exporter.stop()

@@ -371,7 +371,8 @@ def volume(c: MixinConfig):
         (
             "migration",
             "Compare with another volume (Migration)",
-            "&var-baseline_instance=${instance}&var-baseline=${target}&var-candidate_instance=${instance}",
+            "&var-baseline_instance=${instance:percentencode}&var-baseline=${target:percentencode}"
+            "&var-candidate_instance=${instance:percentencode}",
         ),
     ):
         d = d.link(

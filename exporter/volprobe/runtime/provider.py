@@ -173,20 +173,25 @@ class ProviderStats:
             if now - self._unsupported.get(identity, -RETRY_UNSUPPORTED_S) < RETRY_UNSUPPORTED_S:
                 continue
             reader = threading.Thread(
-                target=self._read, args=(disk, source, identity, now), name=f"vp nvme {disk}", daemon=True
+                target=self._read, args=(disk, source, identity), name=f"vp nvme {disk}", daemon=True
             )
             self._reading[disk] = (reader, now)
             reader.start()
             reader.join(READ_WAIT_S)
             if reader.is_alive():
                 self._hung(disk, time.monotonic() - now)
+        # A read that still hangs stays on record: the disk, back under a reload, is not asked a second time.
         for disk in set(self._reading) - disks:
-            del self._reading[disk]
+            if not self._reading[disk][0].is_alive():
+                del self._reading[disk]
 
     def _hung(self, disk: str, seconds: float) -> None:
         with self._lock:
-            if disk in self._devices:
-                self._devices[disk].up = False
+            if disk not in self._devices:  # hung from its first read: exported down all the same
+                device = None if self.test_pages else self.host.device(disk)
+                kind = nvme.MODELS.get(device.model, "ebs") if device is not None else "ebs"
+                self._devices[disk] = DeviceReadings(kind, max_age=3 * self.interval)
+            self._devices[disk].up = False
         self._say(
             disk,
             "hung",
@@ -208,14 +213,16 @@ class ProviderStats:
             return None
         return device.devnode, f"{disk}:{device.serial}"
 
-    def _read(self, disk: str, source: str, identity: str, now: float) -> None:
+    def _read(self, disk: str, source: str, identity: str) -> None:
         name_this_thread()
+        now = time.monotonic()
         try:
             if self.test_pages:
                 with open(source, "rb") as f:
                     page = f.read()
             else:
                 page = nvme.read_log_page(source)
+            now = time.monotonic()  # when the device answered: a slow answer is not stamped with its request
             stats = nvme.parse_log_page(page)
         except nvme.Unsupported as err:
             self._unsupported[identity] = now

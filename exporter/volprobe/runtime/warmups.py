@@ -86,14 +86,15 @@ class WarmupManager:
     def offer(self, targets: list[ResolvedTarget], spec: DiscoveryWarmupConfig, appeared: bool) -> None:
         """Discovered devices, for `discovery.warmup`: queue those the policy selects. `appeared`: the device
         came after the exporter started. With policy "new", one that was there at start is warmed only if its
-        state holds a warm-up a restart interrupted (begun or queued), and shown `done` if it was warmed."""
+        state holds a warm-up a restart interrupted (begun, or queued when it appeared), and shown `done` if
+        this very warm-up (same volume, size and block size) finished before."""
         for target in targets:
             with self._lock:
                 if any(e.target is target for e in self._entries):
                     continue
-            # One warmed before is offered too (it reads nothing): its `done` stays exported across restarts, for
-            # the dashboards and for a workload gated on its progress.
-            if spec.policy == "new" and not appeared and not (self._interrupted(target) or self._finished(target)):
+            planned = WarmupJob.for_target(target, spec.warmup, self.store)
+            finished = self._finished(target, planned)
+            if spec.policy == "new" and not appeared and not (self._interrupted(target, finished) or finished):
                 continue
             job = self._job(target, spec.warmup)
             job.progress.state = "queued"
@@ -103,23 +104,30 @@ class WarmupManager:
                 self._entries = [e for e in self._entries if not (e.gone and e.target.name == target.name)]
                 self._entries.append(entry)
                 self._max_concurrent = spec.max_concurrent
-            if self.store.directory is not None and not self._finished(target):
+            if appeared and not finished and self.store.directory is not None:
                 self.store.volume(target.device).put(QUEUED_SECTION, {"since": round(time.time(), 3)})
             log.info("discovered %s: warm-up queued (%s)", target.name, job.identity.device)
         self._start_queued()
 
-    def _interrupted(self, target: ResolvedTarget) -> bool:
-        """Its state holds a warm-up begun or queued and not finished (a restart came in between)."""
-        if self.store.directory is None:
+    def _interrupted(self, target: ResolvedTarget, finished: bool) -> bool:
+        """Its state holds a warm-up begun, or queued after it appeared, and not finished (a restart came
+        in between)."""
+        if self.store.directory is None or finished:
             return False
         volume = self.store.volume(target.device)
         section = volume.get("warmup")
         begun = isinstance(section, dict) and section.get("phase") in ("read", "write")
-        return begun or (volume.get(QUEUED_SECTION) is not None and not self._finished(target))
+        return begun or volume.get(QUEUED_SECTION) is not None
 
-    def _finished(self, target: ResolvedTarget) -> bool:
+    def _finished(self, target: ResolvedTarget, job: WarmupJob) -> bool:
+        """Its state says this warm-up was done: for this volume at its size and block size (a volume grown
+        since, or read with other blocks, has not been warmed as it is now)."""
+        if self.store.directory is None:
+            return False
         section = self.store.volume(target.device).get("warmup")
-        return isinstance(section, dict) and section.get("phase") == "done"
+        if not isinstance(section, dict) or section.get("phase") != "done":
+            return False
+        return section.get("identity") in [i.to_json() for i in (job.identity, *job.earlier_identities)]
 
     def _start_queued(self) -> None:
         with self._lock:
