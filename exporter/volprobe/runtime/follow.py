@@ -96,6 +96,9 @@ class DeviceFollower:
         # a moment later, before the first scan ran, has appeared; a later scan that finds one of these again (a
         # reload restarted the discovered targets, say) has not. discovery.warmup's policy "new" depends on it.
         self._there_at_start: set[str] | None = None
+        # Their kernel names too, for the first rescan only: udev may have completed a device's properties
+        # (serial, WWN) in between, which changes its identity, not what it is.
+        self._names_at_start: set[str] = set()
         self.config: Config | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()  # of the current thread; each thread gets its own
@@ -114,7 +117,8 @@ class DeviceFollower:
             return
         warn_unmatched(self.host, config.discovery)
         if self._there_at_start is None:
-            self._there_at_start = self._identities(candidates(self.host, config.discovery))
+            found = candidates(self.host, config.discovery)
+            self._there_at_start, self._names_at_start = self._identities(found), set(found)
         if self._thread is None:
             if not self._udev_tried:
                 self._udev_tried, self._events = True, udev_events()
@@ -184,10 +188,13 @@ class DeviceFollower:
                     target.discovered = True
                 log.info("discovered %s (%s)", name, devnode)
                 self._start_targets(resolved)
-                there = self._there_at_start or set()
+                there = self._there_at_start if self._there_at_start is not None else set()
+                if name in self._names_at_start:  # the first rescan: there at start, whatever udev added since
+                    there |= {VolumeIdentity.of(t.device).key for t in resolved}
                 appeared = [t for t in resolved if VolumeIdentity.of(t.device).key not in there]
                 self._warm(appeared, True)
                 self._warm([t for t in resolved if t not in appeared], False)
+            self._names_at_start = set()
 
     def _identities(self, found: dict[str, str]) -> set[str]:
         devices = (self.host.device(name) for name in found)
