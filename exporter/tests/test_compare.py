@@ -244,7 +244,8 @@ def test_the_migration_dashboard_and_the_report_agree(prometheus):
     cdf = next(q for q in queries if "$__range" in q and '"$baseline"' in q)
     whole = {r["quantile"]: r for r in report["quantiles"]}
     for side, target in (("baseline", "aws"), ("candidate", "azure")):
-        expr = cdf.replace("$cluster", ".*").replace("$job", "volprobe").replace("$baseline_instance", "node:10130")
+        expr = cdf.replace("$baseline_cluster", ".*").replace("$job", "volprobe")
+        expr = expr.replace("$baseline_instance", "node:10130")
         expr = expr.replace("$op", "write")
         expr = expr.replace("$__range", f"{4 * DAY}s").replace("$baseline", target)
         fractions = {

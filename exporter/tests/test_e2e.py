@@ -208,6 +208,8 @@ def check_dashboards(prometheus, port: int, devices: dict[str, str]) -> None:
                 "$cluster": ".*",
                 "$job": "volprobe",
                 "$instance": f"127.0.0.1:{port}",
+                "$baseline_cluster": ".*",
+                "$candidate_cluster": ".*",
                 "$baseline_instance": f"127.0.0.1:{port}",
                 "$candidate_instance": f"127.0.0.1:{port}",
                 "$target": target,

@@ -29,6 +29,8 @@ SUBSTITUTIONS = {
     "$job": "volprobe",
     "$instance": "host:10130",
     "$target": "pgdata",
+    "$baseline_cluster": ".*",
+    "$candidate_cluster": ".*",
     "$baseline_instance": "ebs-host:10130",
     "$candidate_instance": "azure-host:10130",
     "$baseline": "aws",
@@ -250,15 +252,18 @@ def test_datasource_variable_used_by_every_panel_and_target(model):
 
 def test_job_and_instance_variables(model):
     variables = {v["name"]: v for v in model["templating"]["list"]}
-    # The Migration dashboard picks an instance per side (test_the_migration_dashboard_pins_each_side...).
-    instances = ["$baseline_instance", "$candidate_instance"] if model["uid"].endswith("-migration") else ["$instance"]
-    assert "job" in variables and all(name[1:] in variables for name in instances)
+    # The Migration dashboard picks a cluster and an instance per side (test_the_migration_dashboard_pins...).
+    sides = ("baseline_", "candidate_") if model["uid"].endswith("-migration") else ("",)
+    clusters, instances = [f"${side}cluster" for side in sides], [f"${side}instance" for side in sides]
+    assert "job" in variables and all(name[1:] in variables for name in clusters + instances)
     # The optional cluster: All is .*, which matches series without the label too.
-    assert variables["cluster"]["includeAll"] and variables["cluster"]["allValue"] == ".*"
+    for name in clusters:
+        assert variables[name[1:]]["includeAll"] and variables[name[1:]]["allValue"] == ".*"
     for panel in panels(model):
         for target in panel.get("targets", []):
             if "volprobe_" in target["expr"] or "target_op:" in target["expr"]:
-                assert "$cluster" in target["expr"] and "$job" in target["expr"], target["expr"]
+                assert "$job" in target["expr"], target["expr"]
+                assert any(name in target["expr"] for name in clusters), target["expr"]
                 assert any(name in target["expr"] for name in instances), target["expr"]
 
 
@@ -322,25 +327,30 @@ def test_the_volume_dashboard_links_to_its_warm_up_and_migration_views():
     assert migration.startswith(f"/d/{uids['volprobe / Migration']}/")
     assert "var-baseline_instance=${instance:percentencode}" in migration
     assert "var-baseline=${target:percentencode}" in migration
+    assert "${cluster:queryparam}" in warmup
     for url in urls.values():
-        assert "${cluster:queryparam}" in url and "${job:queryparam}" in url, url
+        assert "${job:queryparam}" in url, url
     assert all(link["keepTime"] for link in volume["links"])
 
 
 def test_the_migration_dashboard_pins_each_side_to_its_own_instance_and_target():
-    """A migration compares hosts (an EBS node with an Azure one): each side's series come from its own
-    instance and target, by equality, and the shared target name of two hosts never merges them."""
+    """A migration compares hosts (an EBS node with an Azure one, maybe in two clusters): each side's series
+    come from its own cluster, instance and target, and the shared target name of two hosts never merges them."""
     model = json.loads((REPO / "dashboards" / "volprobe-migration.json").read_text())
     variables = {v["name"]: v for v in model["templating"]["list"]}
-    assert "instance" not in variables
+    assert "instance" not in variables and "cluster" not in variables
     for side in ("baseline", "candidate"):
+        for name in (f"{side}_cluster", f"{side}_instance", side):
+            assert not variables[name].get("multi"), name
         for name in (f"{side}_instance", side):
-            assert not variables[name].get("multi") and not variables[name].get("includeAll"), name
-        assert f'instance="${side}_instance"' in variables[side]["query"]
+            assert not variables[name].get("includeAll"), name
+        assert f'cluster=~"${side}_cluster"' in variables[f"{side}_instance"]["query"]
+        assert f'cluster=~"${side}_cluster", job=~"$job", instance="${side}_instance"' in variables[side]["query"]
     for panel in panels(model):
         for target in panel["targets"]:
             for side in re.findall(r'target="\$(\w+)"', target["expr"]):
-                assert f'instance="${side}_instance", target="${side}"' in target["expr"], target["expr"]
+                pinned = f'cluster=~"${side}_cluster", job=~"$job", instance="${side}_instance", target="${side}"'
+                assert pinned in target["expr"], target["expr"]
             sides = set(re.findall(r'instance="\$(\w+)_instance"', target["expr"]))
             assert sides and sides <= {"baseline", "candidate"}, target["expr"]
 

@@ -123,57 +123,64 @@ def series(
     return panel
 
 
-def variables(d, *extra, one_instance: bool = False, instance: bool = True):
+def variables(d, *extra, one_instance: bool = False, shared: bool = True):
     """datasource, cluster, job and instance, then `extra`. one_instance: a single instance, no "All" (the
     Volume dashboard: a target name can repeat on several hosts, whose buckets must never be summed).
-    instance=False: no shared instance variable (the Migration dashboard picks one per side)."""
+    shared=False: datasource and job only (the Migration dashboard picks a cluster and an instance per side)."""
     d = d.with_variable(dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"))
-    # Optional: where Prometheus adds a `cluster` label (external or target labels), pick one; where it does
-    # not, the only choice is All (.*), which also matches series without the label.
-    d = d.with_variable(
-        dashboard.QueryVariable("cluster")
-        .label("cluster")
-        .datasource(DS)
-        .query(f"label_values({BUILD_INFO}, cluster)")
-        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .multi(True)
-        .include_all(True)
-        .all_value(".*")
-    )
+    if shared:
+        d = d.with_variable(cluster_variable("cluster", "cluster"))
     d = d.with_variable(
         dashboard.QueryVariable("job")
         .label("job")
         .datasource(DS)
-        .query(f'label_values({BUILD_INFO}{{cluster=~"$cluster"}}, job)')
+        .query(
+            f'label_values({BUILD_INFO}{{cluster=~"$cluster"}}, job)' if shared else f"label_values({BUILD_INFO}, job)"
+        )
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .multi(True)
         .include_all(True)
     )
-    if instance:
+    if shared:
         d = d.with_variable(instance_variable("instance", "instance", many=not one_instance))
     for variable in extra:
         d = d.with_variable(variable)
     return d
 
 
-def instance_variable(name: str, label: str, many: bool):
+def cluster_variable(name: str, label: str, many: bool = True):
+    # Optional: where Prometheus adds a `cluster` label (external or target labels), pick one; where it does
+    # not, the only choice is All (.*), which also matches series without the label.
     return (
         dashboard.QueryVariable(name)
         .label(label)
         .datasource(DS)
-        .query(f'label_values({BUILD_INFO}{{cluster=~"$cluster", job=~"$job"}}, instance)')
+        .query(f"label_values({BUILD_INFO}, cluster)")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(many)
+        .include_all(True)
+        .all_value(".*")
+    )
+
+
+def instance_variable(name: str, label: str, many: bool, cluster: str = "$cluster"):
+    return (
+        dashboard.QueryVariable(name)
+        .label(label)
+        .datasource(DS)
+        .query(f'label_values({BUILD_INFO}{{cluster=~"{cluster}", job=~"$job"}}, instance)')
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .multi(many)
         .include_all(many)
     )
 
 
-def target_variable(name: str, label: str, instance: str = 'instance=~"$instance"'):
+def target_variable(name: str, label: str, where: str = BASE):
     return (
         dashboard.QueryVariable(name)
         .label(label)
         .datasource(DS)
-        .query(f'label_values({TARGET_INFO}{{cluster=~"$cluster", job=~"$job", {instance}}}, target)')
+        .query(f"label_values({TARGET_INFO}{{{where}}}, target)")
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
     )
 
@@ -367,7 +374,7 @@ def volume(c: MixinConfig):
         one_instance=True,
     )
     for name, title, extra in (
-        ("warmup", "Warm-up of this volume", "&${instance:queryparam}"),
+        ("warmup", "Warm-up of this volume", "&${cluster:queryparam}&${instance:queryparam}"),
         (
             "migration",
             "Compare with another volume (Migration)",
@@ -378,10 +385,7 @@ def volume(c: MixinConfig):
         d = d.link(
             dashboard.DashboardLink(title)
             .type(DashboardLinkType.LINK)
-            .url(
-                f"/d/{c.dashboard_uid_prefix}-{name}/?${{datasource:queryparam}}&${{cluster:queryparam}}"
-                f"&${{job:queryparam}}{extra}"
-            )
+            .url(f"/d/{c.dashboard_uid_prefix}-{name}/?${{datasource:queryparam}}&${{job:queryparam}}{extra}")
             .keep_time(True)
             .include_vars(False)
             .target_blank(False)
@@ -695,9 +699,12 @@ def migration(c: MixinConfig):
     op_var = dashboard.CustomVariable("op").label("op").values("write,read")
     sides = ("baseline", "candidate")
     picks = []
-    for side in sides:
-        picks.append(instance_variable(f"{side}_instance", f"{side} instance", many=False))
-        picks.append(target_variable(side, side, instance=f'instance="${side}_instance"'))
+    for side in sides:  # a cluster, an instance and a target per side: an EKS node against an AKS one, say
+        picks.append(cluster_variable(f"{side}_cluster", f"{side} cluster", many=False))
+        picks.append(instance_variable(f"{side}_instance", f"{side} instance", many=False, cluster=f"${side}_cluster"))
+        picks.append(
+            target_variable(side, side, where=f'cluster=~"${side}_cluster", job=~"$job", instance="${side}_instance"')
+        )
     d = variables(
         base(
             c,
@@ -708,11 +715,11 @@ def migration(c: MixinConfig):
         ),
         *picks,
         op_var,
-        instance=False,
+        shared=False,
     )
     d = d.time("now-14d", "now")
     selectors = {
-        side: f'cluster=~"$cluster", job=~"$job", instance="${side}_instance", target="${side}", op="$op"'
+        side: f'cluster=~"${side}_cluster", job=~"$job", instance="${side}_instance", target="${side}", op="$op"'
         for side in sides
     }
     for name in ("p50", "p99", "p999"):
