@@ -344,14 +344,21 @@ class WarmupJob:
             log.error("warm-up of %s failed: %s", self.path, err)
         return progress
 
+    def _saved(self) -> tuple[Extents, str, str | None]:
+        nblocks = self.progress.nblocks
+        if not self.checkpoint:
+            return Extents(nblocks), "", None
+        return load_state(self.checkpoint, self.identity, nblocks, self.earlier_identities)
+
+    def saved_phase(self) -> str:
+        """The phase its checkpoint holds for this very warm-up (same volume, size, block size and mode):
+        "write", "read", "done", or "" for none (or one of another warm-up, or unreadable)."""
+        return self._saved()[1]
+
     def _run(self) -> None:
         progress, identity = self.progress, self.identity
         nblocks = progress.nblocks
-        extents, phase, warning = (
-            load_state(self.checkpoint, identity, nblocks, self.earlier_identities)
-            if self.checkpoint
-            else (Extents(nblocks), "", None)
-        )
+        extents, phase, warning = self._saved()
         if warning:
             log.warning("%s", warning)
         phases = ["write", "read"] if identity.mode == "write" else ["read"]

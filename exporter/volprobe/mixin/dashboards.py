@@ -693,18 +693,17 @@ def warmup(c: MixinConfig):
 
 
 def migration(c: MixinConfig):
-    """Each side is one target on one instance of its own: a migration compares hosts (the EBS node with the
-    Azure one), and a target name that repeats across hosts must never merge them."""
+    """Each side is one target on one instance, in one cluster, of its own: a migration compares hosts (the EBS
+    node with the Azure one), and a target name that repeats across hosts must never merge them."""
     layout = Layout()
     op_var = dashboard.CustomVariable("op").label("op").values("write,read")
     sides = ("baseline", "candidate")
+    hosts = {side: f'cluster=~"${side}_cluster", job=~"$job", instance="${side}_instance"' for side in sides}
     picks = []
     for side in sides:  # a cluster, an instance and a target per side: an EKS node against an AKS one, say
         picks.append(cluster_variable(f"{side}_cluster", f"{side} cluster", many=False))
         picks.append(instance_variable(f"{side}_instance", f"{side} instance", many=False, cluster=f"${side}_cluster"))
-        picks.append(
-            target_variable(side, side, where=f'cluster=~"${side}_cluster", job=~"$job", instance="${side}_instance"')
-        )
+        picks.append(target_variable(side, side, where=hosts[side]))
     d = variables(
         base(
             c,
@@ -718,10 +717,7 @@ def migration(c: MixinConfig):
         shared=False,
     )
     d = d.time("now-14d", "now")
-    selectors = {
-        side: f'cluster=~"${side}_cluster", job=~"$job", instance="${side}_instance", target="${side}", op="$op"'
-        for side in sides
-    }
+    selectors = {side: f'{hosts[side]}, target="${side}", op="$op"' for side in sides}
     for name in ("p50", "p99", "p999"):
         d = d.with_panel(
             series(

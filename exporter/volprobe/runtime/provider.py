@@ -169,7 +169,7 @@ class ProviderStats:
             found = self._source(disk)
             if found is None:
                 continue
-            source, identity = found
+            source, identity, kind = found
             if now - self._unsupported.get(identity, -RETRY_UNSUPPORTED_S) < RETRY_UNSUPPORTED_S:
                 continue
             reader = threading.Thread(
@@ -179,19 +179,17 @@ class ProviderStats:
             reader.start()
             reader.join(READ_WAIT_S)
             if reader.is_alive():
-                self._hung(disk, time.monotonic() - now)
+                self._hung(disk, time.monotonic() - now, kind)
         # A read that still hangs stays on record: the disk, back under a reload, is not asked a second time.
         for disk in set(self._reading) - disks:
             if not self._reading[disk][0].is_alive():
                 del self._reading[disk]
 
-    def _hung(self, disk: str, seconds: float) -> None:
+    def _hung(self, disk: str, seconds: float, kind: str = "ebs") -> None:
         with self._lock:
-            if disk not in self._devices:  # hung from its first read: exported down all the same
-                device = None if self.test_pages else self.host.device(disk)
-                kind = nvme.MODELS.get(device.model, "ebs") if device is not None else "ebs"
-                self._devices[disk] = DeviceReadings(kind, max_age=3 * self.interval)
-            self._devices[disk].up = False
+            # Hung from its first read: exported down all the same (a reading, when one comes, sets the kind).
+            readings = self._devices.setdefault(disk, DeviceReadings(kind, max_age=3 * self.interval))
+            readings.up = False
         self._say(
             disk,
             "hung",
@@ -200,18 +198,22 @@ class ProviderStats:
             f"(the device hangs?); the other devices are read on",
         )
 
-    def _source(self, disk: str) -> tuple[str, str] | None:
+    def _source(self, disk: str) -> tuple[str, str, str] | None:
         """(the file or device node to read the page from, what identifies the device: a new volume under the
-        same name is asked afresh), or None if the disk is not an AWS NVMe device."""
+        same name is asked afresh, its kind as its model says), or None if the disk is not an AWS NVMe device."""
         if self.test_pages:
             page = os.path.join(self.test_pages, disk)
+            try:
+                found = os.stat(page)
+            except FileNotFoundError:
+                return None
             # A regular file, or a FIFO: a read that hangs until the test writes to it.
-            exists = os.path.isfile(page) or (os.path.exists(page) and stat.S_ISFIFO(os.stat(page).st_mode))
-            return (page, f"{disk}:{os.stat(page).st_ino}") if exists else None
+            usable = stat.S_ISREG(found.st_mode) or stat.S_ISFIFO(found.st_mode)
+            return (page, f"{disk}:{found.st_ino}", "ebs") if usable else None
         device = self.host.device(disk)
         if device is None or device.model not in nvme.MODELS:
             return None
-        return device.devnode, f"{disk}:{device.serial}"
+        return device.devnode, f"{disk}:{device.serial}", nvme.MODELS[device.model]
 
     def _read(self, disk: str, source: str, identity: str) -> None:
         name_this_thread()

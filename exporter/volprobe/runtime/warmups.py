@@ -53,8 +53,12 @@ class WarmupManager:
 
     def _job(self, target: ResolvedTarget, spec_warmup) -> WarmupJob:
         if self.store.directory is None:
-            log.warning("warm-up of %s: no writable state directory, so it cannot resume after a restart", target.name)
+            self._warn_unresumable(target)
         return WarmupJob.for_target(target, spec_warmup, self.store)
+
+    @staticmethod
+    def _warn_unresumable(target: ResolvedTarget) -> None:
+        log.warning("warm-up of %s: no writable state directory, so it cannot resume after a restart", target.name)
 
     def _run(self, entry: _Entry) -> None:
         entry.thread = threading.Thread(target=self._body, args=(entry,), name=f"warm-up {entry.target.name}")
@@ -92,11 +96,12 @@ class WarmupManager:
             with self._lock:
                 if any(e.target is target for e in self._entries):
                     continue
-            planned = WarmupJob.for_target(target, spec.warmup, self.store)
-            finished = self._finished(target, planned)
-            if spec.policy == "new" and not appeared and not (self._interrupted(target, finished) or finished):
+            job = WarmupJob.for_target(target, spec.warmup, self.store)
+            phase = job.saved_phase()
+            if spec.policy == "new" and not appeared and not (phase or self._queued_before(target)):
                 continue
-            job = self._job(target, spec.warmup)
+            if self.store.directory is None:
+                self._warn_unresumable(target)
             job.progress.state = "queued"
             entry = _Entry(target, job, discovered=True, spec=spec, appeared=appeared)
             with self._lock:
@@ -104,30 +109,14 @@ class WarmupManager:
                 self._entries = [e for e in self._entries if not (e.gone and e.target.name == target.name)]
                 self._entries.append(entry)
                 self._max_concurrent = spec.max_concurrent
-            if appeared and not finished and self.store.directory is not None:
+            if appeared and phase != "done" and self.store.directory is not None:
                 self.store.volume(target.device).put(QUEUED_SECTION, {"since": round(time.time(), 3)})
             log.info("discovered %s: warm-up queued (%s)", target.name, job.identity.device)
         self._start_queued()
 
-    def _interrupted(self, target: ResolvedTarget, finished: bool) -> bool:
-        """Its state holds a warm-up begun, or queued after it appeared, and not finished (a restart came
-        in between)."""
-        if self.store.directory is None or finished:
-            return False
-        volume = self.store.volume(target.device)
-        section = volume.get("warmup")
-        begun = isinstance(section, dict) and section.get("phase") in ("read", "write")
-        return begun or volume.get(QUEUED_SECTION) is not None
-
-    def _finished(self, target: ResolvedTarget, job: WarmupJob) -> bool:
-        """Its state says this warm-up was done: for this volume at its size and block size (a volume grown
-        since, or read with other blocks, has not been warmed as it is now)."""
-        if self.store.directory is None:
-            return False
-        section = self.store.volume(target.device).get("warmup")
-        if not isinstance(section, dict) or section.get("phase") != "done":
-            return False
-        return section.get("identity") in [i.to_json() for i in (job.identity, *job.earlier_identities)]
+    def _queued_before(self, target: ResolvedTarget) -> bool:
+        """Queued when it appeared, before a restart, and not begun since (so no checkpoint of its own)."""
+        return self.store.directory is not None and self.store.volume(target.device).get(QUEUED_SECTION) is not None
 
     def _start_queued(self) -> None:
         with self._lock:
