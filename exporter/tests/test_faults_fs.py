@@ -96,6 +96,7 @@ def test_sigterm_while_the_probe_file_is_made_leaves_no_probe_file(tmp_path, mak
     process.wait(30)
     assert ".volprobe-probe" not in os.listdir(data), "a half-made probe file under the real name"
     leftovers = [name for name in os.listdir(data) if name.startswith(".volprobe-probe.tmp.")]
+    assert leftovers, "the SIGTERM came before the temporary file was made: nothing left over to clear"
     # The next start clears the leftover and makes a whole, valid file.
     checked = subprocess.run(volprobe_command("check-config", config), capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr

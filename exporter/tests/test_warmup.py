@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import time
 
 import pytest
 
-from volprobe import warmup
+from volprobe import safety, warmup
 
-from .harness import MIB, run, sample_value, volprobe_command
+from .harness import MIB, run, sample_value, volprobe_command, write_config
 
 
 def test_extents_track_a_low_water_mark_and_the_blocks_above_it():
@@ -152,14 +153,38 @@ def test_write_mode_is_refused_on_a_device_with_a_filesystem(make_loop):
 @pytest.mark.root
 def test_write_mode_allocates_a_lazy_volume_then_reads_it(lab_volume):
     volume = lab_volume(size=32 * MIB, alloc_unit=MIB, lazy=True, first_write_latency=0.005)
+    # The first and last MiB hold bytes of their own (no signature among them): a write warm-up never writes
+    # there, as raw write probes never do, so they must come out exactly as they went in.
+    guard = random.Random(7).randbytes(MIB)
+    assert safety.scan_signatures(guard, guard, 32 * MIB) == []
+    fd = os.open(volume.device, os.O_WRONLY)
+    try:
+        os.pwrite(fd, guard, 0)
+        os.pwrite(fd, guard, 31 * MIB)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     result = subprocess.run(
         volprobe_command("warmup", volume.device, "--write", "-q"), capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    assert volume.fresh_stats()["allocated_ratio"] == 1.0
+    assert volume.fresh_stats()["allocated_ratio"] == 1.0  # the 30 MiB between, written by the warm-up
     assert all(count >= 64 * 1024 for count in volume.read_coverage())
-    with open(volume.device, "rb") as f:  # the guard MiBs stay blank, as with raw write probes
-        assert f.read(MIB) == bytes(MIB)
+    with open(volume.device, "rb") as f:
+        assert f.read(MIB) == guard
+        f.seek(31 * MIB)
+        assert f.read(MIB) == guard
+
+
+@pytest.mark.root
+def test_write_warmup_and_write_probes_on_one_device_are_refused_naming_the_key(tmp_path, make_loop):
+    loop = make_loop(32 * MIB)
+    config = write_config(
+        tmp_path,
+        f"targets: [{{device: {loop}, allow_raw_writes: true, probes: [{{op: write}}], warmup: {{mode: write}}}}]\n",
+    )
+    result = subprocess.run(volprobe_command("check-config", config), capture_output=True, text=True)
+    assert result.returncode == 2 and "targets[0].warmup.mode" in result.stderr, result.stderr
 
 
 @pytest.mark.root

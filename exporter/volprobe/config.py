@@ -414,6 +414,13 @@ def _target(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> TargetC
         check.fail(_join(key, "warmup"), "warm-up reads a whole device; give it a device target")
     if warmup is not None and warmup.mode == "write" and not target.allow_raw_writes:
         check.fail(_join(_join(key, "warmup"), "mode"), "write warm-up needs allow_raw_writes: true on the target")
+    if warmup is not None and warmup.mode == "write" and any(p.kind.writes for p in probes):
+        # Both hold the device with O_EXCL: the warm-up could never open it while the write probes run.
+        check.fail(
+            _join(_join(key, "warmup"), "mode"),
+            "a write warm-up and write probes cannot share a device (each holds it exclusively): "
+            "use mode: read, or warm it with `volprobe warmup --write` before adding the write probes",
+        )
     return target
 
 

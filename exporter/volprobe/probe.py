@@ -27,6 +27,7 @@ from typing import NamedTuple, Protocol
 
 from .config import ProbeConfig
 from .osthread import name_this_thread
+from .safety import Refused
 from .stats import ProbeStats
 
 try:  # the C timer (see _timedio.c); optional at build time
@@ -186,12 +187,23 @@ class IOTarget:
     flags: int  # os.open flags, O_DIRECT included
     region_start: int
     region_end: int
-    opener: Callable[[], int] | None = None  # reopens after the device went away (re-runs safety checks)
+    opener: Callable[[], int] | None = None  # opens for writing: every safety check, on the descriptor
+    verify: Callable[[int], None] | None = None  # re-checks a held descriptor (size, links); raises Refused
+    release: Callable[[], None] | None = None  # lets go of what the opener holds (a probe file's directory)
 
     def open(self) -> int:
         if self.opener is not None:
             return self.opener()
         return os.open(self.path, self.flags | os.O_CLOEXEC)
+
+    def let_go(self) -> None:
+        if self.release is not None:
+            self.release()
+
+
+def error_name(err: OSError) -> str:
+    """The `errno` label of a failure: REFUSED when a safety check turned the descriptor down."""
+    return "REFUSED" if isinstance(err, Refused) else errno.errorcode.get(err.errno or 0, "EUNKNOWN")
 
 
 class Pacer:
@@ -301,6 +313,22 @@ class ProbeIO:
                 pass
             self.fd = None
 
+    def let_go(self) -> None:
+        """The descriptor is worthless (the device went away, the filesystem went read-only): close it and let
+        go of what its opener holds, so an operator can unmount; the next open checks everything again."""
+        self.close()
+        self.io.let_go()
+
+    def open_checked(self) -> None:
+        """open(), then the held descriptor's checks (size, links, identity); on any failure, let go."""
+        try:
+            self.open()
+            if self.fd is not None and self.io.verify is not None:
+                self.io.verify(self.fd)
+        except OSError:
+            self.let_go()
+            raise
+
     def prepare(self) -> None:
         block, self._touch = self.picker.next()
         self._offset = self.io.region_start + block * self.block_size
@@ -350,8 +378,8 @@ class ProbeIO:
                 done, t0, t1 = self._timed_in_python(fd, offset, deadline_ns)
         except OSError as err:
             if err.errno in REOPEN_ERRNOS:
-                self.close()
-            name = errno.errorcode.get(err.errno or 0, "EUNKNOWN")
+                self.let_go()
+            name = error_name(err)
             where = f"open {self.io.path}" if err.filename else f"{self.op} at {offset}"
             return Outcome(offset, self._touch, error=name, detail=f"{where}: {err.strerror}")
         if done != self.block_size:
@@ -510,16 +538,16 @@ class ProbeWorker:
         failures = 0
         retry_at = 0  # after a failed open: not before this (perf_counter_ns)
         while not self._stopping:
-            if probe.hold_open and probe.fd is None:
+            if probe.hold_open:
                 wait = retry_at - clock()
                 if wait > 0:
                     time.sleep(min(wait, MAX_SLEEP_NS) / 1e9)  # backing off; wake each second for stop
                     continue
-                try:
-                    probe.open()
+                try:  # every batch: a held descriptor is checked again (a resized device stops its writes)
+                    probe.open_checked()
                 except OSError as err:
                     failures += 1
-                    self._count_error(errno.errorcode.get(err.errno or 0, "EUNKNOWN"), f"open: {err}")
+                    self._count_error(error_name(err), f"open: {err}")
                     retry_at = clock() + self._backoff_ns(failures)
                     loop.schedule(retry_at, self._interval_ns())
                     continue
@@ -546,7 +574,7 @@ class ProbeWorker:
                 self._count_error("SHORT", f"{self.op} at {offset}: {moved} of {probe.block_size} bytes")
             else:
                 if code in REOPEN_ERRNOS:
-                    probe.close()
+                    probe.let_go()
                 where = f"open {probe.io.path}" if status == _timedio.RUN_OPEN_FAILED else f"{self.op} at {offset}"
                 self._count_error(errno.errorcode.get(code, "EUNKNOWN"), f"{where}: {os.strerror(code)}")
             # Back off, and restart the schedule after it: slots skipped while backing off are not "missed".
@@ -574,12 +602,12 @@ class ProbeWorker:
                     time.sleep(min(wait, MAX_SLEEP_NS) / 1e9)  # backing off; wake each second for stop
                     continue
                 try:
-                    probe.open()
+                    probe.open_checked()
                     probe.prepare()
                     ready = True
                 except OSError as err:
                     failures += 1
-                    self._count_error(errno.errorcode.get(err.errno or 0, "EUNKNOWN"), f"open: {err}")
+                    self._count_error(error_name(err), f"open: {err}")
                     retry_at = deadline = clock() + self._backoff_ns(failures)
                     pacer.set_interval(self.interval_s * slowdown, deadline)
                     continue

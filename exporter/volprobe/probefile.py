@@ -4,21 +4,35 @@ It is created once, at its full size, filled with random data and fsynced before
 allocation never pollutes steady-state latency. It starts with a header that marks it as ours; a file of
 that name without the header, or of another size, is never touched. Probes write inside [HEADER_BYTES, size)
 and never grow it.
+
+The directory may belong to someone else (postgres owns /var/lib/postgresql), who can swap any name in it at
+any time. So nothing here trusts a name: the directory is opened once, by the path resolved when the
+configuration was applied, and known by its descriptor and identity (device, inode, filesystem id); names in
+it are opened relative to that descriptor with O_NOFOLLOW|O_NONBLOCK (a symlink fails, a FIFO does not block),
+and what was opened is judged by fstat and by its header read through the same descriptor: a regular file
+with one link, owned by volprobe's user, on the directory's filesystem, of the expected size, and the very
+file (inode and header id) checked when the target started. That runs on every open and every reopen.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import mmap
 import os
+import stat
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
+
+from .safety import Refused
 
 MAGIC = b"VOLPROBE PROBE FILE v1\n"
 HEADER_BYTES = 64 * 1024
+_HEADER_READ = 4096  # the header's JSON fits in the first page; one page is also O_DIRECT's alignment
 _CHUNK = 1024 * 1024
+_SAFE_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class ProbeFileError(Exception):
@@ -26,63 +40,183 @@ class ProbeFileError(Exception):
 
 
 @dataclass(frozen=True)
-class ProbeFile:
-    path: str
-    size: int
+class FileIdentity:
+    """The probe file a target checked: writes go to this inode with this header, or nowhere."""
+
+    inode: int
+    header_id: str
 
 
-def read_header(path: str) -> dict | None:
-    """The header of an existing probe file, or None if the file is not one of ours."""
+@dataclass(frozen=True)
+class DirectoryIdentity:
+    device: int
+    inode: int
+    fsid: int
+
+
+class ProbeDirectory:
+    """A target directory, held by descriptor while its probes run. On EROFS or a vanished mount it is let go
+    (release()), so an operator can unmount and fsck; the next open() must find the same directory (device,
+    inode and filesystem id) at the path, or is refused."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.realpath(path)  # resolved once: later swaps of a component cannot redirect it
+        self._fd: int | None = None
+        self.identity: DirectoryIdentity | None = None
+        fd = self.open()  # fixes the identity; resolving only reads, so let go until the target starts
+        self.st_dev = os.fstat(fd).st_dev
+        self.release()
+
+    def open(self) -> int:
+        if self._fd is None:
+            fd = _open_no_link(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            st, vfs = os.fstat(fd), os.fstatvfs(fd)
+            found = DirectoryIdentity(st.st_dev, st.st_ino, vfs.f_fsid)
+            if self.identity is not None and found != self.identity:
+                os.close(fd)
+                raise Refused(f"is no longer the directory the target was configured with ({found})", self.path)
+            self.identity, self._fd = found, fd
+        return self._fd
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def open_file(self, name: str, flags: int, size: int, identity: FileIdentity | None = None) -> int:
+        """Open `name` in the directory with `flags` and judge the descriptor (see judge()); with `identity`,
+        it must be that very file. Refused (closed unwritten) otherwise."""
+        fd = _open_no_link(name, flags, self.open(), f"{self.path}/{name}")
+        try:
+            self.check(fd, name, size, identity)
+            os.set_blocking(fd, True)  # O_NONBLOCK only kept a FIFO from blocking the open
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def check(self, fd: int, name: str, size: int, identity: FileIdentity | None) -> None:
+        """judge() the descriptor; with `identity`, it must also be that very file."""
+        found = judge(fd, size, self.st_dev, f"{self.path}/{name}")
+        if identity is not None and found != identity:
+            raise Refused(
+                f"is not the probe file checked when the target started (inode {found.inode}, not "
+                f"{identity.inode}); it was replaced",
+                f"{self.path}/{name}",
+            )
+
+    def identify(self, name: str, size: int) -> FileIdentity:
+        """The identity of the probe file `name`, judged read-only; Refused, or FileNotFoundError."""
+        fd = _open_no_link(name, os.O_RDONLY, self.open(), f"{self.path}/{name}")
+        try:
+            return judge(fd, size, self.st_dev, f"{self.path}/{name}")
+        finally:
+            os.close(fd)
+
+
+def _open_no_link(name: str, flags: int, dir_fd: int | None = None, path: str = "") -> int:
+    """Open without following a symlink or blocking on a FIFO; a symlink is Refused, as anything else unsafe."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return None
+        return os.open(name, flags | _SAFE_OPEN, dir_fd=dir_fd)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise Refused("is a symbolic link; refusing to follow it", path or name) from None
+        if err.errno == errno.ENOTDIR and flags & os.O_DIRECTORY:  # O_NOFOLLOW|O_DIRECTORY meets a symlink
+            raise Refused("is not a directory (a symbolic link?); refusing to follow it", path or name) from None
+        raise
+
+
+def _read_header_of(fd: int) -> dict | None:
+    buffer = mmap.mmap(-1, _HEADER_READ)  # page aligned, as an O_DIRECT descriptor needs
+    try:
+        view = memoryview(buffer)
+        done = os.preadv(fd, [view], 0)
+        head = bytes(view[:done])
+        view.release()
+    finally:
+        buffer.close()
     if not head.startswith(MAGIC):
         return None
     body = head[len(MAGIC) :].split(b"\0", 1)[0]
     try:
         header = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return header if isinstance(header, dict) else None
 
 
-def check_existing(path: str, size: int) -> str | None:
-    """Why an existing file at `path` cannot be used as a probe file of `size` bytes, or None if it can."""
+def read_header(path: str) -> dict | None:
+    """The header of an existing probe file, or None if the file is not one of ours (or not a regular file)."""
     try:
-        st = os.lstat(path)
+        fd = os.open(path, os.O_RDONLY | _SAFE_OPEN)
+    except OSError:
+        return None
+    try:
+        return _read_header_of(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def judge(fd: int, size: int, device: int, path: str) -> FileIdentity:
+    """What an open descriptor must be before volprobe writes through it; Refused with the reason otherwise."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise Refused("exists and is not a regular file; refusing to touch it", path)
+    if st.st_nlink != 1:
+        raise Refused(f"has {st.st_nlink} links; a probe file has one, refusing to touch it", path)
+    if st.st_uid != os.geteuid():
+        raise Refused(f"belongs to uid {st.st_uid}, not to volprobe's uid {os.geteuid()}; refusing to touch it", path)
+    if st.st_dev != device:
+        raise Refused("is not on the directory's filesystem; refusing to touch it", path)
+    header = _read_header_of(fd)
+    if header is None or not isinstance(header.get("id"), str):
+        raise Refused("exists but is not a volprobe probe file; refusing to overwrite it", path)
+    if st.st_size != size or header.get("size") != size:
+        raise Refused(
+            f"is a probe file of {st.st_size} bytes, not {size}; probe files are never resized: "
+            f"delete it to change probe_file_size",
+            path,
+        )
+    return FileIdentity(st.st_ino, header["id"])
+
+
+def check_existing(directory: ProbeDirectory, name: str, size: int) -> str | None:
+    """Why an existing file `name` cannot be used as a probe file of `size` bytes, or None if it can (or there
+    is none yet). Only reads."""
+    try:
+        directory.identify(name, size)
     except FileNotFoundError:
         return None
-    if not os.path.isfile(path) or os.path.islink(path):
-        return f"{path} exists and is not a regular file; refusing to touch it"
-    header = read_header(path)
-    if header is None:
-        return f"{path} exists but is not a volprobe probe file; refusing to overwrite it"
-    if st.st_size != size or header.get("size") != size:
-        return (
-            f"{path} is a probe file of {st.st_size} bytes, not {size}; probe files are never resized: "
-            f"delete it to change probe_file_size"
-        )
+    except Refused as err:
+        return f"{err.filename} {err.strerror}"
+    except OSError as err:
+        return f"{directory.path}/{name} cannot be opened safely ({err.strerror}); refusing to touch it"
+    finally:
+        directory.release()
     return None
 
 
-def ensure(directory: str, name: str, size: int) -> ProbeFile:
-    """Create the probe file if it does not exist yet; verify it if it does."""
-    path = os.path.join(directory, name)
-    problem = check_existing(path, size)
-    if problem:
-        raise ProbeFileError(problem)
-    if os.path.exists(path):
-        return ProbeFile(path, size)
-    vfs = os.statvfs(directory)
+def ensure(directory: ProbeDirectory, name: str, size: int) -> FileIdentity:
+    """Create the probe file if it does not exist yet; verify it if it does. Its identity pins later opens."""
+    dir_fd = directory.open()
+    try:
+        return directory.identify(name, size)
+    except FileNotFoundError:
+        pass
+    vfs = os.fstatvfs(dir_fd)
     if vfs.f_bavail * vfs.f_frsize < size:
-        raise ProbeFileError(f"{directory} has {vfs.f_bavail * vfs.f_frsize} bytes free; the probe file needs {size}")
+        raise ProbeFileError(
+            f"{directory.path} has {vfs.f_bavail * vfs.f_frsize} bytes free; the probe file needs {size}"
+        )
     for leftover in leftover_temporaries(directory, name):
         with contextlib.suppress(OSError):
-            leftover.unlink()
-    tmp = os.path.join(directory, f"{name}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            os.unlink(leftover, dir_fd=dir_fd)
+    tmp = f"{name}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    # O_EXCL: a fresh probe file is only ever made under a name volprobe created.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE_OPEN, 0o600, dir_fd=dir_fd)
     try:
         header = json.dumps({"size": size, "id": str(uuid.uuid4()), "created": int(time.time())}).encode()
         os.write(fd, (MAGIC + header).ljust(HEADER_BYTES, b"\0"))
@@ -94,30 +228,44 @@ def ensure(directory: str, name: str, size: int) -> ProbeFile:
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dir_fd)
         raise
     os.close(fd)
     try:
-        os.link(tmp, path)  # never replaces: fails if a file appeared there meanwhile
+        # Never replaces: fails if a file appeared there meanwhile. Whatever the name leads to by now is judged
+        # through a descriptor below, and pins every later open.
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     except FileExistsError:
-        problem = check_existing(path, size)
-        if problem:
-            raise ProbeFileError(problem) from None
+        pass
     finally:
-        os.unlink(tmp)
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return ProbeFile(path, size)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+    os.fsync(dir_fd)
+    return directory.identify(name, size)
 
 
-def leftover_temporaries(directory: str, name: str) -> list[Path]:
-    """Temporary files of creations interrupted by a crash: ours by name and header, their creator gone."""
+def leftover_temporaries(directory: ProbeDirectory, name: str) -> list[str]:
+    """Temporary files of creations interrupted by a crash: ours by name, owner and header, their creator
+    gone. Each is judged through a descriptor opened without following links or blocking on FIFOs."""
+    dir_fd = directory.open()
     found = []
-    for path in Path(directory).glob(f"{name}.tmp.*"):
-        pid = path.name.split(".")[-2]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists() and read_header(str(path)) is not None:
-            found.append(path)
+    for entry in os.listdir(dir_fd):
+        if not entry.startswith(f"{name}.tmp."):
+            continue
+        pid = entry.split(".")[-2]
+        if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        try:
+            fd = os.open(entry, os.O_RDONLY | _SAFE_OPEN, dir_fd=dir_fd)
+        except OSError:
+            continue  # a symlink (ELOOP), or gone: not ours
+        try:
+            st = os.fstat(fd)
+            ours = stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()
+            if ours and _read_header_of(fd) is not None:
+                found.append(entry)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
     return found

@@ -3,25 +3,47 @@
 A device may take raw write probes (or a write warm-up) only when the user opted in for it AND it carries no
 filesystem, partition table, RAID, LVM, swap or crypto signature (our own magic checks of its first and last
 MiB, plus libblkid through `blkid -p` and `wipefs` where installed), is not mounted or used as swap, has no
-holders and no partitions. The caller then opens it with O_EXCL, which the kernel refuses while anything
-else (a mount, md, dm, swap) claims the device.
+holders and no partitions.
+
+Every check that guards a write is made on the descriptor the writes go through, never on a name: the device is
+opened with O_EXCL first (the kernel refuses it while a mount, md, dm or swap claims it, and nothing can claim
+it afterwards), then judged by its st_rdev (sysfs facts, mounts, holders), its own bytes (read through that
+descriptor) and libblkid given that very descriptor (/dev/fd/N); its identity and size must be those of the
+device the target was resolved to. A name that now leads elsewhere (a by-id link following a re-attached,
+since-formatted volume) is refused, not written.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import mmap
 import os
 import shutil
+import stat
+import struct
 import subprocess
 import threading
 from collections.abc import Callable
 
 from .discovery import BlockDevice, Host
+from .state import VolumeIdentity
 
 MIB = 1024 * 1024
 # Raw write probes never touch the first and last MiB, where every signature we know of lives, so a
 # device written by volprobe stays recognisably blank and no label written later is clobbered.
 GUARD_BYTES = MIB
 PROBE_TIMEOUT_S = 10.0
+_BLKGETSIZE64 = 0x80081272
+
+
+class Refused(OSError):
+    """What a descriptor turned out to be, once opened, is not what volprobe may write: it is closed unwritten,
+    and counted as errno="REFUSED"."""
+
+    def __init__(self, why: str, path: str = "") -> None:
+        super().__init__(errno.EPERM, why, path or None)
+
 
 # (name, offset from the start, magic); negative offsets count from the end of the device.
 _MAGICS: list[tuple[str, int, bytes]] = [
@@ -94,12 +116,25 @@ def scan_signatures(head: bytes, tail: bytes, size: int) -> list[str]:
 def _read_ends(devnode: str, size: int) -> tuple[bytes, bytes]:
     fd = os.open(devnode, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        head = os.pread(fd, min(MIB, size), 0)
-        tail_len = min(MIB, size)
-        tail = os.pread(fd, tail_len, size - tail_len)
+        return _read_ends_of(fd, size)
     finally:
         os.close(fd)
-    return head, tail
+
+
+def _read_ends_of(fd: int, size: int) -> tuple[bytes, bytes]:
+    """The first and last MiB through `fd`, which may be O_DIRECT (hence the page-aligned buffer)."""
+    length = min(MIB, size)
+    buffer = mmap.mmap(-1, MIB)
+    try:
+        view = memoryview(buffer)[:length]
+        ends = []
+        for offset in (0, size - length):
+            done = os.preadv(fd, [view], offset)
+            ends.append(bytes(view[:done]))
+        view.release()
+    finally:
+        buffer.close()
+    return ends[0], ends[1]
 
 
 def _run_with_timeout(func: Callable[[], object], timeout: float) -> object:
@@ -122,8 +157,11 @@ def _run_with_timeout(func: Callable[[], object], timeout: float) -> object:
     return result.get("value")
 
 
-def libblkid_signatures(devnode: str, timeout: float = PROBE_TIMEOUT_S) -> list[str]:
-    """Signatures libblkid finds, through `blkid -p` and `wipefs`; empty when neither is installed."""
+def libblkid_signatures(devnode: str, timeout: float = PROBE_TIMEOUT_S, fd: int | None = None) -> list[str]:
+    """Signatures libblkid finds, through `blkid -p` and `wipefs`; empty when neither is installed. With `fd`,
+    they read that descriptor's device (as /dev/fd/N), whatever `devnode` names now."""
+    if fd is not None:
+        devnode = f"/dev/fd/{fd}"
     found: list[str] = []
     commands = []
     if shutil.which("blkid"):
@@ -131,7 +169,9 @@ def libblkid_signatures(devnode: str, timeout: float = PROBE_TIMEOUT_S) -> list[
     if shutil.which("wipefs"):
         commands.append(["wipefs", "--no-act", "--noheadings", "--output", "TYPE", devnode])
     for command in commands:
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=() if fd is None else (fd,)
+        )
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -152,8 +192,11 @@ def libblkid_signatures(devnode: str, timeout: float = PROBE_TIMEOUT_S) -> list[
     return sorted(set(found))
 
 
-def raw_write_refusal(host: Host, device: BlockDevice, timeout: float = PROBE_TIMEOUT_S) -> str | None:
-    """Why `device` must not take raw writes, or None if it is blank and unclaimed."""
+def raw_write_refusal(
+    host: Host, device: BlockDevice, timeout: float = PROBE_TIMEOUT_S, fd: int | None = None
+) -> str | None:
+    """Why `device` must not take raw writes, or None if it is blank and unclaimed. With `fd` (a descriptor of
+    that device), its bytes are read through the descriptor."""
     if device.kind == "part":
         return "is a partition; raw writes go to whole, blank devices only"
     if device.read_only:
@@ -170,12 +213,52 @@ def raw_write_refusal(host: Host, device: BlockDevice, timeout: float = PROBE_TI
     if device.devnode in host.swaps() or f"/dev/{device.name}" in host.swaps():
         return "is in use as swap"
     try:
-        head, tail = _run_with_timeout(lambda: _read_ends(device.devnode, device.size_bytes), timeout)  # type: ignore[misc]
+
+        def read() -> tuple[bytes, bytes]:
+            if fd is None:
+                return _read_ends(device.devnode, device.size_bytes)
+            return _read_ends_of(fd, device.size_bytes)
+
+        head, tail = _run_with_timeout(read, timeout)  # type: ignore[misc]
         ours = scan_signatures(head, tail, device.size_bytes)
-        theirs = libblkid_signatures(device.devnode, timeout)
+        theirs = libblkid_signatures(device.devnode, timeout, fd)
     except (OSError, TimeoutError) as err:
         return f"could not be checked for signatures: {err}"
     signatures = sorted(set(ours) | set(theirs))
     if signatures:
         return f"carries a signature ({', '.join(signatures)})"
     return None
+
+
+def device_size(fd: int) -> int:
+    """The size of the block device open on `fd`, as the kernel has it now."""
+    return struct.unpack("Q", fcntl.ioctl(fd, _BLKGETSIZE64, b"\0" * 8))[0]
+
+
+def check_raw_descriptor(host: Host, expected: BlockDevice, fd: int, path: str = "") -> None:
+    """Refused unless `fd` is the block device `expected` (same volume identity and size) and it is still blank
+    and unclaimed. Run on every open, before the first write through it."""
+    st = os.fstat(fd)
+    if not stat.S_ISBLK(st.st_mode):
+        raise Refused("is not a block device", path)
+    name = host.name_for_devnum(os.major(st.st_rdev), os.minor(st.st_rdev))
+    device = host.device(name) if name else None
+    if device is None:
+        raise Refused(f"opens device {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}, which has no entry in sysfs", path)
+    if VolumeIdentity.of(device).key != VolumeIdentity.of(expected).key:
+        raise Refused(
+            f"now opens {device.name} ({VolumeIdentity.of(device).key}), not the volume it was resolved to "
+            f"({expected.name}, {VolumeIdentity.of(expected).key})",
+            path,
+        )
+    check_size(fd, expected.size_bytes, path)
+    refusal = raw_write_refusal(host, device, fd=fd)
+    if refusal:
+        raise Refused(f"refusing raw writes: {device.name} {refusal}", path)
+
+
+def check_size(fd: int, expected: int, path: str = "") -> None:
+    """Refused when the device open on `fd` is no longer `expected` bytes: its last MiB has moved."""
+    size = device_size(fd)
+    if size != expected:
+        raise Refused(f"changed size from {expected} to {size} bytes; raw writes stop", path)

@@ -3,6 +3,8 @@
 resolve() only reads: it finds each target's block device, checks block sizes against the device, checks
 raw-write targets for blankness, and checks existing probe files. Nothing is opened for writing until every
 target of the config has passed; then prepare() creates probe files and opens raw-write devices with O_EXCL.
+Every open for writing, then and at each reopen, is judged on its descriptor (probefile.ProbeDirectory,
+safety.check_raw_descriptor), never on the name it was opened by.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from . import probefile, safety
 from .config import PROBE_FILE_NAME, Config, ConfigError, ProbeConfig, TargetConfig, default_probes
 from .discovery import SKIP_BY_DEFAULT, BlockDevice, Host, Mount
 from .probe import IOTarget
+from .safety import Refused
 
 NON_BLOCK_FILESYSTEMS = {
     "tmpfs",
@@ -40,8 +43,16 @@ class ResolvedTarget:
     disks: list[str]  # whole disks underneath (partition parents, dm/md slaves)
     mount: Mount | None = None
     probe_file: str | None = None
+    probe_dir: probefile.ProbeDirectory | None = None  # a directory target's directory, held by descriptor
+    probe_pin: probefile.FileIdentity | None = None  # the probe file prepare() checked: every open must be it
     fds: dict[str, int] = field(default_factory=dict)  # op -> descriptor opened by prepare()
     discovered: bool = False  # added by discovery, not named in the configuration
+    host: Host | None = None  # where its device is looked up again at each raw reopen
+
+    def open_raw(self, flags: int) -> int:
+        """Open the device for raw writes (probes or a write warm-up): see open_raw_exclusive()."""
+        assert self.host is not None, "resolved without a host"
+        return open_raw_exclusive(self.host, self, flags)
 
     @property
     def probes(self) -> tuple[ProbeConfig, ...]:
@@ -125,8 +136,13 @@ def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) ->
         return None
     if not os.access(path, os.W_OK):
         problems.append(f"{key}: {path} is not writable by this user; the probe file cannot be created")
-    probe_path = os.path.join(path, PROBE_FILE_NAME)
-    problem = probefile.check_existing(probe_path, target.probe_file_size)
+    try:
+        probe_dir = probefile.ProbeDirectory(path)
+    except OSError as err:
+        problems.append(f"{key}: {path} cannot be opened: {err.strerror}")
+        return None
+    probe_path = os.path.join(probe_dir.path, PROBE_FILE_NAME)
+    problem = probefile.check_existing(probe_dir, PROBE_FILE_NAME, target.probe_file_size)
     if problem:
         problems.append(f"{target.key}.probe_file_size: {problem}")
     for probe in target.probes:
@@ -141,6 +157,7 @@ def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) ->
         host.leaf_disks(device.name),
         mount,
         probe_path,
+        probe_dir,
     )
 
 
@@ -154,6 +171,7 @@ def resolve(config: Config, host: Host, targets: list[TargetConfig] | None = Non
     for target in chosen:
         found = (_resolve_directory if target.directory else _resolve_device)(host, target, problems)
         if found is not None:
+            found.host = host
             resolved.append(found)
     names: dict[str, str] = {}
     for target in resolved:
@@ -169,29 +187,43 @@ def resolve(config: Config, host: Host, targets: list[TargetConfig] | None = Non
 
 
 def open_raw_exclusive(host: Host, target: ResolvedTarget, flags: int) -> int:
-    """Open a blank device for writing with O_EXCL, after checking again that it is still blank."""
-    device = host.device(target.device.name)
-    if device is None or (device.major, device.minor) != (target.device.major, target.device.minor):
-        raise OSError(2, "the device went away or was replaced", target.path)
-    refusal = safety.raw_write_refusal(host, device)
-    if refusal:
-        raise OSError(1, f"refusing raw writes: {refusal}", target.path)
-    return os.open(target.path, flags | os.O_EXCL | os.O_CLOEXEC)
+    """Open the target's device for writing: O_EXCL first (nothing can claim it from then on), then every check
+    on what was opened (safety.check_raw_descriptor): the same volume and size as resolved, still blank and
+    unclaimed. Refused, with nothing written, otherwise. Run at start and at every reopen."""
+    fd = os.open(target.path, flags | os.O_EXCL | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        safety.check_raw_descriptor(host, target.device, fd, target.path)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def io_target(host: Host, target: ResolvedTarget, probe: ProbeConfig) -> IOTarget:
-    """Where a probe's I/O goes and how its descriptor is (re)opened."""
+    """Where a probe's I/O goes and how its descriptor is (re)opened and checked."""
     flags = probe.open_flags
     if not probe.kind.writes:
         return IOTarget(target.device.devnode, flags, 0, target.device.size_bytes)
     if target.kind == "directory":
-        return IOTarget(target.probe_file or "", flags, probefile.HEADER_BYTES, target.config.probe_file_size)
+        directory, size = target.probe_dir, target.config.probe_file_size
+        assert directory is not None
+        return IOTarget(
+            target.probe_file or "",
+            flags,
+            probefile.HEADER_BYTES,
+            size,
+            opener=lambda: directory.open_file(PROBE_FILE_NAME, flags, size, target.probe_pin),
+            verify=lambda fd: directory.check(fd, PROBE_FILE_NAME, size, target.probe_pin),
+            release=directory.release,
+        )
     return IOTarget(
         target.path,
         flags | os.O_EXCL,
         safety.GUARD_BYTES,
         target.device.size_bytes - safety.GUARD_BYTES,
         opener=lambda: open_raw_exclusive(host, target, flags),
+        verify=lambda fd: safety.check_size(fd, target.device.size_bytes, target.path),
     )
 
 
@@ -205,13 +237,13 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
     problems: list[str] = []
     for target in resolved:
         if target.kind == "directory" and target.config.writes:
+            assert target.probe_dir is not None
             try:
-                probefile.ensure(target.path, PROBE_FILE_NAME, target.config.probe_file_size)
+                # From here the directory is held by descriptor for the target's life (let go on EROFS).
+                target.probe_pin = probefile.ensure(target.probe_dir, PROBE_FILE_NAME, target.config.probe_file_size)
             except (probefile.ProbeFileError, OSError) as err:
-                problems.append(f"{target.config.key}.directory: cannot prepare the probe file: {err}")
-                continue
-            if os.stat(target.probe_file or "").st_dev != os.stat(target.path).st_dev:
-                problems.append(f"{target.config.key}.directory: the probe file is not on the directory's device")
+                why = f"{err.filename} {err.strerror}" if isinstance(err, Refused) else str(err)
+                problems.append(f"{target.config.key}.directory: cannot prepare the probe file: {why}")
                 continue
         for probe in target.probes:
             io = io_target(host, target, probe)
@@ -231,9 +263,12 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
 
 
 def close(resolved: list[ResolvedTarget]) -> None:
+    """Close what prepare() opened and let go of the targets' directories."""
     for target in resolved:
         for op in list(target.fds):
             try:
                 os.close(target.fds.pop(op))
             except OSError:
                 pass
+        if target.probe_dir is not None:
+            target.probe_dir.release()

@@ -3,8 +3,9 @@
 Volumes restored from snapshots, and fresh lazily allocated ones, are slow until every block has been touched
 once. This is the AWS initialization procedure (`fio --rw=read --bs=1M --iodepth=32 --direct=1`) as a
 resumable job: `jobs` threads read `block_size` blocks in order with O_DIRECT, optionally at idle I/O
-priority; with mode "write" every block is first written (only on a blank device, under the raw-write
-safety rules), then read.
+priority; with mode "write" every block of the region raw write probes may use is first written (only on a
+blank device, through a descriptor checked as theirs is: targets.open_raw_exclusive), then every block read.
+The first and last MiB, where signatures live, are read but never written.
 
 Progress is checkpointed atomically (write, fsync, rename) every `checkpoint_interval` to a state file: the
 blocks done, as extents. After a crash or kill -9 the job resumes from it and ends with every block read, at
@@ -276,12 +277,7 @@ class WarmupJob:
         """The warm-up of a resolved device target; resolve() has made every check (block size, blankness for
         write mode). Progress is kept in `state_path` if given, else in the volume's state in `store`."""
         device = target.device
-        opener = None
-        if spec.mode == "write":
-
-            def opener(flags: int) -> int:
-                return os.open(target.path, flags | os.O_EXCL | os.O_CLOEXEC)
-
+        opener = target.open_raw if spec.mode == "write" else None
         checkpoint: Checkpoint | None = None
         if state_path:
             checkpoint = FileCheckpoint(state_path)
@@ -410,7 +406,6 @@ class WarmupJob:
                 set_idle_priority()
             buffer = mmap.mmap(-1, progress.block_size)
             data = WriteData(buffer) if phase == "write" else None
-            zeros = memoryview(mmap.mmap(-1, progress.block_size))  # aligned, as O_DIRECT needs
             try:
                 while not self._stop.is_set():
                     with self._lock:
@@ -422,11 +417,16 @@ class WarmupJob:
                     limiter.take(length, self._stop)
                     view = memoryview(buffer)[:length]
                     if data is not None:
-                        data.stamp()
-                        guard = offset < GUARD_BYTES or offset + length > progress.size - GUARD_BYTES
-                        # Keep the first and last MiB blank, as raw write probes do: the device stays free of
-                        # anything that could look like a signature.
-                        done = os.pwritev(fd, [zeros[:length] if guard else view], offset)
+                        # Only inside the raw write probes' region: the first and last MiB are never written,
+                        # so nothing there can be clobbered and the device stays recognisably blank.
+                        start = max(offset, GUARD_BYTES)
+                        end = min(offset + length, progress.size - GUARD_BYTES)
+                        if end > start:
+                            data.stamp()
+                            moved = os.pwritev(fd, [view[start - offset : end - offset]], start)
+                            done = length if moved == end - start else moved
+                        else:
+                            done = length
                     else:
                         done = os.preadv(fd, [view], offset)
                     if done != length:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -110,6 +109,7 @@ class ProbeSet:
         stuck = _stop(stopping, timeout)
         for name in stuck:
             log.warning("probe %s is still blocked in the kernel; it exits when its request returns", name)
+        targets_mod.close(gone)  # let go of their directories
         for target in gone:
             log.info("stopped probing %s (%s)%s", target.name, target.path, f": {why}" if why else "")
 
@@ -125,10 +125,9 @@ def _cursor(store: StateStore, target: ResolvedTarget, spec: ProbeConfig, io: IO
         return None
     where = "device"
     if target.probe_file and io.path == target.probe_file:
-        try:
-            where = f"file:{os.stat(io.path).st_ino}"
-        except OSError:
+        if target.probe_pin is None:
             return None
+        where = f"file:{target.probe_pin.inode}"  # the inode prepare() checked through its descriptor
     name = f"{spec.op}:{where}:{spec.block_size}:{io.region_start}-{io.region_end}"
     # Reserve about ten minutes of fresh offsets at a time (one small write per ten minutes per probe), but no
     # more than 1/64 of the blocks: a kill -9 skips at most that.

@@ -1,0 +1,306 @@
+"""Attacks on what volprobe writes (issue 24): whoever owns a probe directory, or can repoint a device link, swaps
+names under it; every write must go through a descriptor judged after it was opened, at every (re)open.
+
+The victims are real files and devices, checksummed before and after."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from volprobe import probefile, targets
+from volprobe.config import PROBE_FILE_NAME, load
+from volprobe.discovery import Host
+from volprobe.safety import Refused
+
+from .harness import MIB, run, sample_value, sha256_of, write_config
+
+pytestmark = pytest.mark.root
+
+ATTACKER = 1000  # the uid owning the probe directory, as postgres owns /var/lib/postgresql
+
+
+def count(samples, target: str, op: str) -> float:
+    return sum(
+        v
+        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
+        if labels["target"] == target and labels["op"] == op
+    )
+
+
+def errors(samples, target: str, name: str) -> float:
+    return sample_value(samples, "volprobe_probe_errors_total", target=target, op="write", errno=name) or 0
+
+
+def victim_file(directory: Path, size: int = 8 * MIB) -> tuple[Path, str]:
+    victim = directory / "victim.db"
+    victim.write_bytes(os.urandom(size))
+    os.sync()
+    return victim, sha256_of(str(victim))
+
+
+def test_a_probe_file_swapped_for_a_symlink_across_an_fsck_is_never_written_through(
+    tmp_path, make_loop, start_exporter
+):
+    """The filesystem goes read-only under the probes (errors=remount-ro); volprobe lets go; the operator runs
+    fsck and mounts it again; meanwhile the directory's owner has replaced the probe file by a symlink to
+    another file of the same filesystem. The reopen refuses it: that file comes out byte for byte as it was."""
+    device = make_loop(64 * MIB)
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    run("mkfs.ext4", "-q", "-F", device)
+    run("mount", "-o", "errors=remount-ro", device, str(mount))
+    try:
+        data = mount / "pg"
+        data.mkdir()
+        os.chown(data, ATTACKER, ATTACKER)
+        victim, before = victim_file(mount)
+        config = write_config(
+            tmp_path,
+            f"targets: [{{name: data, directory: {data}, probe_file_size: 8MiB, "
+            f"probes: [{{op: write, interval: 20ms, block_size: 64KiB}}]}}]\n",
+        )
+        exporter = start_exporter("--config", config)
+        exporter.wait_for(lambda s: count(s, "data", "write") >= 10, what="writes")
+        (Path("/sys/fs/ext4") / os.path.basename(device) / "trigger_fs_error").write_text("volprobe test")
+        exporter.wait_for(lambda s: errors(s, "data", "EROFS") >= 1, what="EROFS")
+        run("umount", str(mount))  # possible only because volprobe let go of the file and the directory
+        fsck = subprocess.run(["e2fsck", "-f", "-y", device], capture_output=True, text=True)
+        assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr  # 1: errors were corrected
+        run("mount", "-o", "errors=remount-ro", device, str(mount))
+        os.unlink(data / PROBE_FILE_NAME)
+        os.symlink(victim, data / PROBE_FILE_NAME)
+        written = count(exporter.metrics(), "data", "write")
+        # The reopen comes within the back-off (at most 30 s): refused, or (the attack) written through.
+        samples = exporter.wait_for(
+            lambda s: errors(s, "data", "REFUSED") >= 1 or count(s, "data", "write") > written,
+            timeout=45,
+            what="the reopen",
+        )
+        assert sha256_of(str(victim)) == before, "the probe wrote through the symlink into another file"
+        assert count(samples, "data", "write") == written
+        assert "is a symbolic link; refusing to follow it" in exporter.log()
+        assert exporter.stop() == 0
+        assert sha256_of(str(victim)) == before
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+@pytest.fixture
+def directory_target(tmp_path, make_loop, mount_fs):
+    """A prepared directory target with a write probe in an attacker-owned directory of a real ext4, and a
+    victim file on the same filesystem. Yields (resolved target, its write IOTarget, data dir, victim)."""
+    mount = Path(mount_fs(make_loop(64 * MIB)))
+    data = mount / "pg"
+    data.mkdir()
+    os.chown(data, ATTACKER, ATTACKER)
+    victim, _ = victim_file(mount, MIB)
+    config = load(
+        write_config(
+            tmp_path, f"targets: [{{name: d, directory: {data}, probe_file_size: 4MiB, probes: [{{op: write}}]}}]\n"
+        )
+    )
+    host = Host()
+    resolved = targets.resolve(config, host)
+    targets.prepare(host, resolved)
+    target = resolved[0]
+    io = targets.io_target(host, target, target.probes[0])
+    os.close(target.fds.pop("write"))
+    try:
+        yield target, io, data, victim
+    finally:
+        targets.close(resolved)
+
+
+def _swap_symlink(data: Path, victim: Path) -> None:
+    os.unlink(data / PROBE_FILE_NAME)
+    os.symlink(victim, data / PROBE_FILE_NAME)
+
+
+def _swap_hard_link(data: Path, victim: Path) -> None:
+    os.unlink(data / PROBE_FILE_NAME)
+    os.link(victim, data / PROBE_FILE_NAME)
+
+
+def _swap_foreign_copy(data: Path, victim: Path) -> None:
+    # A copy of the real probe file, header and all, but made (and owned) by the directory's owner: the
+    # attacker's copy could be a hard link's stand-in, or a file they mean volprobe to fill.
+    shutil.copyfile(data / PROBE_FILE_NAME, data / "copy")
+    os.chown(data / "copy", ATTACKER, ATTACKER)
+    os.replace(data / "copy", data / PROBE_FILE_NAME)
+
+
+def _swap_our_own_file_copied(data: Path, victim: Path) -> None:
+    # Same owner, same header, same size: only the inode tells it is not the file checked at start.
+    shutil.copyfile(data / PROBE_FILE_NAME, data / "copy")
+    os.replace(data / "copy", data / PROBE_FILE_NAME)
+
+
+def _swap_directory_for_a_symlink(data: Path, victim: Path) -> None:
+    os.rename(data, data.with_name("pg.old"))
+    elsewhere = data.with_name("elsewhere")
+    elsewhere.mkdir()
+    os.link(data.with_name("pg.old") / PROBE_FILE_NAME, elsewhere / PROBE_FILE_NAME)
+    os.unlink(data.with_name("pg.old") / PROBE_FILE_NAME)
+    os.symlink(elsewhere, data)
+
+
+def _swap_directory_for_another(data: Path, victim: Path) -> None:
+    os.rename(data, data.with_name("pg.old"))
+    data.mkdir()
+    os.rename(data.with_name("pg.old") / PROBE_FILE_NAME, data / PROBE_FILE_NAME)
+
+
+SWAPS = {
+    "symlink": _swap_symlink,
+    "hard link": _swap_hard_link,
+    "foreign-owned copy": _swap_foreign_copy,
+    "same-owner copy": _swap_our_own_file_copied,
+    "directory swapped for a symlink": _swap_directory_for_a_symlink,
+    "directory swapped for another": _swap_directory_for_another,
+}
+
+
+@pytest.mark.parametrize("swap", SWAPS, ids=list(SWAPS))
+def test_a_swap_in_the_probe_directory_is_refused_at_reopen(directory_target, swap):
+    """What a reopen (after EROFS, ENOENT...) meets when the names changed while volprobe had let go."""
+    _, io, data, victim = directory_target
+    before = sha256_of(str(victim))
+    fd = io.open()  # the file checked at start: accepted
+    os.close(fd)
+    io.let_go()  # as after EROFS: the directory is let go too
+    SWAPS[swap](data, victim)
+    with pytest.raises(Refused):
+        os.close(io.open())
+    assert sha256_of(str(victim)) == before
+
+
+def test_a_hard_link_made_while_the_file_is_held_stops_the_writes(directory_target):
+    _, io, data, _ = directory_target
+    fd = io.open()
+    try:
+        io.verify(fd)
+        os.link(data / PROBE_FILE_NAME, data / "grab")
+        with pytest.raises(Refused, match="2 links"):
+            io.verify(fd)
+    finally:
+        os.close(fd)
+
+
+def test_leftovers_that_are_fifos_or_symlinks_are_neither_opened_nor_removed(tmp_path, make_loop, mount_fs):
+    """Names like a crashed creation's temporary file (`.volprobe-probe.tmp.<dead pid>.x`): a FIFO must not hang
+    the start, a symlink must not be followed; only a real leftover of ours is cleared."""
+    data = Path(mount_fs(make_loop(64 * MIB))) / "pg"
+    data.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    fifo = data / f"{PROBE_FILE_NAME}.tmp.{dead.pid}.fifo"
+    os.mkfifo(fifo)
+    elsewhere = tmp_path / "elsewhere.fifo"
+    os.mkfifo(elsewhere)
+    link = data / f"{PROBE_FILE_NAME}.tmp.{dead.pid}.link"
+    os.symlink(elsewhere, link)
+    ours = data / f"{PROBE_FILE_NAME}.tmp.{dead.pid}.ours"
+    ours.write_bytes((probefile.MAGIC + b'{"size": 1}').ljust(probefile.HEADER_BYTES, b"\0"))
+    config = load(
+        write_config(
+            tmp_path, f"targets: [{{name: d, directory: {data}, probe_file_size: 4MiB, probes: [{{op: write}}]}}]\n"
+        )
+    )
+    host = Host()
+    outcome: list[object] = []
+
+    def start() -> None:
+        try:
+            resolved = targets.resolve(config, host)
+            targets.prepare(host, resolved)
+            targets.close(resolved)
+            outcome.append("ok")
+        except BaseException as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    thread.join(30)
+    hung = thread.is_alive()
+    if hung:  # free the old code's blocked open before failing
+        for path in (fifo, elsewhere):
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(10)
+    assert not hung, "a FIFO among the leftovers hung the start"
+    assert outcome == ["ok"], outcome
+    assert fifo.exists() and link.is_symlink() and elsewhere.exists()
+    assert not ours.exists(), "a real leftover of ours is cleared"
+    assert (data / PROBE_FILE_NAME).stat().st_size == 4 * MIB
+
+
+@pytest.fixture
+def raw_target(tmp_path, make_loop):
+    """A blank loop device A opted in for raw writes through a by-id-style link, and a device B with ext4."""
+    blank, formatted = make_loop(32 * MIB, name="blank"), make_loop(32 * MIB, name="formatted")
+    run("mkfs.ext4", "-q", "-F", formatted)
+    by_id = tmp_path / "by-id"
+    by_id.mkdir()
+    link = by_id / "nvme-Amazon_Elastic_Block_Store_vol0123"
+    os.symlink(blank, link)
+    config = load(
+        write_config(
+            tmp_path,
+            f"targets: [{{name: raw, device: {link}, allow_raw_writes: true, probes: [{{op: write}}]}}]\n",
+        )
+    )
+    host = Host()
+    resolved = targets.resolve(config, host)
+    targets.prepare(host, resolved)
+    target = resolved[0]
+    os.close(target.fds.pop("write"))
+    try:
+        yield targets.io_target(host, target, target.probes[0]), link, blank, formatted
+    finally:
+        targets.close(resolved)
+
+
+def test_a_device_link_repointed_at_a_formatted_device_is_refused_at_reopen(raw_target):
+    io, link, _, formatted = raw_target
+    before = sha256_of(formatted)
+    os.close(io.open())  # the blank device the target was resolved to: accepted
+    os.unlink(link)
+    os.symlink(formatted, link)  # the volume re-attached elsewhere; the link follows another one
+    with pytest.raises(Refused) as refused:
+        os.close(io.open())
+    assert "not the volume it was resolved to" in str(refused.value)
+    assert sha256_of(formatted) == before
+
+
+def test_a_device_link_repointed_at_another_blank_device_is_refused_at_reopen(raw_target, make_loop):
+    io, link, _, _ = raw_target
+    other = make_loop(32 * MIB, name="other")
+    before = sha256_of(other)
+    os.unlink(link)
+    os.symlink(other, link)
+    with pytest.raises(Refused, match="not the volume it was resolved to"):
+        os.close(io.open())
+    assert sha256_of(other) == before
+
+
+def test_a_device_that_changes_size_stops_its_writes(raw_target):
+    io, _, blank, _ = raw_target
+    fd = io.open()
+    try:
+        io.verify(fd)
+        backing = run("losetup", "--noheadings", "--output", "BACK-FILE", blank).stdout.strip()
+        os.truncate(backing, 16 * MIB)
+        run("losetup", "--set-capacity", blank)
+        with pytest.raises(Refused, match="changed size"):
+            io.verify(fd)
+    finally:
+        os.close(fd)
+    with pytest.raises(Refused, match="changed size"):  # and a reopen refuses it too
+        os.close(io.open())
