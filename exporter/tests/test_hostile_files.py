@@ -56,6 +56,7 @@ def test_a_probe_file_swapped_for_a_symlink_across_an_fsck_is_never_written_thro
     mount.mkdir()
     run("mkfs.ext4", "-q", "-F", device)
     run("mount", "-o", "errors=remount-ro", device, str(mount))
+    exporter = None
     try:
         data = mount / "pg"
         data.mkdir()
@@ -89,6 +90,8 @@ def test_a_probe_file_swapped_for_a_symlink_across_an_fsck_is_never_written_thro
         assert exporter.stop() == 0
         assert sha256_of(str(victim)) == before
     finally:
+        if exporter is not None:
+            exporter.kill()  # it may hold the filesystem (a failed run): let go before unmounting
         subprocess.run(["umount", str(mount)], capture_output=True)
 
 

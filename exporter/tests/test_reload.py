@@ -122,3 +122,53 @@ discovery:
     assert sample_value(samples, "volprobe_scrape_collector_success", collector="probe") == 1
     assert exporter.process.poll() is None
     assert exporter.stop() == 0
+
+
+def test_a_reload_rejected_half_way_leaves_everything_as_it_was(tmp_path, make_loop, start_exporter):
+    """The new file resolves (every check passes) but a new raw-write target cannot be opened: another process
+    holds it with O_EXCL. Nothing the running configuration set may have changed: the kept target's limits and
+    warm-up, the restarting target's probes and counters (no restart), and the reload is reported failed."""
+    kept, moved, busy = make_loop(64 * MIB, name="kept"), make_loop(16 * MIB, name="moved"), make_loop(16 * MIB)
+    config = tmp_path / "volprobe.yml"
+    before_text = f"""
+state_directory: {tmp_path}
+targets:
+  - {{name: kept, device: {kept}, limits: {{iops: 500}}, warmup: {{rate: 256KiB, block_size: 64KiB}},
+     probes: [{{op: read, interval: 50ms}}]}}
+  - {{name: moved, device: {moved}, probes: [{{op: read, interval: 50ms}}]}}
+"""
+    config.write_text(before_text)
+    exporter = start_exporter("--config", str(config))
+    exporter.wait_for(
+        lambda s: count(s, "moved") >= 5 and (sample_value(s, "volprobe_warmup_done_bytes", target="kept") or 0) > 0,
+        what="probes and the warm-up",
+    )
+    holder = os.open(busy, os.O_RDONLY | os.O_EXCL)  # resolve() finds it blank and unclaimed; the open fails
+    try:
+        config.write_text(f"""
+state_directory: {tmp_path}
+targets:
+  - {{name: kept, device: {kept}, limits: {{iops: 3000}}, warmup: {{rate: 512KiB, block_size: 64KiB}},
+     probes: [{{op: read, interval: 50ms}}]}}
+  - {{name: moved, device: {moved}, probes: [{{op: read, interval: 20ms}}]}}
+  - {{name: new, device: {busy}, allow_raw_writes: true, probes: [{{op: write, interval: 50ms}}]}}
+""")
+        before = exporter.metrics()
+        exporter.process.send_signal(signal.SIGHUP)
+        after = exporter.wait_for(
+            lambda s: sample_value(s, "volprobe_config_last_reload_successful") == 0, what="the rejected reload"
+        )
+    finally:
+        os.close(holder)
+    assert re.search(r"targets\[2\]\.probes\[0\]: cannot open .*(busy|Device or resource busy)", exporter.log())
+    assert sample_value(after, "volprobe_limit_ops_per_second", target="kept", device=os.path.basename(kept)) == 500
+    assert sample_value(after, "volprobe_probe_interval_seconds", target="moved", op="read") == 0.05
+    assert count(after, "moved") >= count(before, "moved"), "the counters of a target that stayed went back"
+    assert "new" not in targets(after)
+    # The kept target's warm-up goes on at its old rate; a warm-up stopped for the new settings would stand still.
+    done = sample_value(after, "volprobe_warmup_done_bytes", target="kept")
+    exporter.wait_for(
+        lambda s: sample_value(s, "volprobe_warmup_done_bytes", target="kept") > done, what="the warm-up to go on"
+    )
+    assert "stopped probing moved" not in exporter.log()
+    assert exporter.stop() == 0

@@ -103,23 +103,27 @@ class Exporter:
                 restart_all = "defaults.window or defaults.buckets changed: every histogram starts again"
             running = [t for t in self.probes.targets() if not t.discovered]
             plan = reload_plan.plan(running, resolved, restart_all)
-            # Re-key the kept targets: their place in the new file names their errors from now on. Their
-            # limits apply at once; a changed warm-up restarts alone, from its checkpoint.
+            # All or nothing: everything the new targets need is prepared before anything running changes, so
+            # a rejection leaves every probe, warm-up and limit as it was. Only a raw device that a stopping
+            # target holds with O_EXCL must be let go first (see _take_over).
+            held = {_raw_device(t) for t in plan.stop} - {None}
+            later = [t for t in plan.start if _raw_device(t) in held]
+            now = [t for t in plan.start if _raw_device(t) not in held]
+            targets_mod.prepare(self.host, now, strict=not config.builtin)
+            try:
+                self._take_over(plan, later, strict=not config.builtin)
+            except ConfigError:
+                targets_mod.close(plan.start)
+                raise
+            # Accepted. Kept targets take their new keys, limits and warm-up settings; a changed warm-up
+            # restarts alone, from its checkpoint.
             rewarm = [current for current, reloaded in plan.keep if current.config.warmup != reloaded.config.warmup]
             self.warmups.stop(rewarm)
             for current, reloaded in plan.keep:
                 current.config = reloaded.config
                 self.probes.rekey(current)
-            # Free what the stopped targets hold (an O_EXCL raw device, say) before opening the new ones.
             for target in plan.stop:
                 self._stop_targets([target], why=plan.why[target.name])
-            try:
-                targets_mod.prepare(self.host, plan.start, strict=not config.builtin)
-            except ConfigError:
-                # The old targets are gone already; bring them back as they were configured.
-                targets_mod.prepare(self.host, plan.stop, strict=False)
-                self._start_targets(plan.stop)
-                raise
             self.config = config
             # A configured target now claims a device discovery was probing: the discovered one stops first.
             claimed = {t.device.name for t in plan.start}
@@ -155,6 +159,27 @@ class Exporter:
         if self.config.discovery is not None:
             self.follower.rescan()  # apply discovery changes now, not at the next rescan
 
+    def _take_over(self, plan: reload_plan.Plan, later: list[ResolvedTarget], strict: bool) -> None:
+        """Prepare the new targets that write to a raw device a stopping target holds with O_EXCL: the holders
+        stop first. Their checks passed in resolve(); should the open still fail (another process took the
+        device in between), the holders are started again as they were, and the first error is raised."""
+        if not later:
+            return
+        devices = {_raw_device(t) for t in later}
+        holders = [t for t in plan.stop if _raw_device(t) in devices]
+        for target in holders:
+            self._stop_targets([target], why=plan.why[target.name])
+        plan.stop = [t for t in plan.stop if _raw_device(t) not in devices]
+        try:
+            targets_mod.prepare(self.host, later, strict=strict)
+        except ConfigError as err:
+            try:
+                targets_mod.prepare(self.host, holders, strict=False)
+                self._start_targets(holders)
+            except Exception as again:  # the first error is the one to report; the second is logged
+                log.error("reload rejected, and the targets it stopped could not be started again: %s", again)
+            raise err from None
+
     def probed_devices(self) -> set[str]:
         """Devices whose diskstats are exported: each probed device and the whole disks beneath it."""
         return self.probes.devices()
@@ -166,3 +191,10 @@ class Exporter:
         self.throttle.stop()
         self.warmups.stop_all()
         return self.probes.stop(timeout)
+
+
+def _raw_device(target: ResolvedTarget) -> tuple[int, int] | None:
+    """The device a target holds with O_EXCL (raw write probes, a write warm-up), by number; else None."""
+    if target.kind == "device" and target.config.writes:
+        return target.device.major, target.device.minor
+    return None
