@@ -148,7 +148,8 @@ PROBE_MISSED = MetricSpec(
 PROBE_ERRORS = MetricSpec(
     "volprobe_probe_errors",
     "counter",
-    "Failed probes by errno name (SHORT: short transfer); EIO is present from the probe's start, at 0.",
+    "Failed probes by errno name (SHORT: short transfer; REFUSED: a safety check turned down what an open "
+    "found); EIO is present from the probe's start, at 0.",
     (*PROBE, "errno"),
 )
 PROBE_FAILURES = MetricSpec(

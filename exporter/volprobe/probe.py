@@ -511,12 +511,24 @@ class ProbeWorker:
         return int(min(self.interval_s * 2 ** min(failures, 32), MAX_ERROR_BACKOFF_S) * 1e9)
 
     def _run(self) -> None:
+        from . import supervise
+
         name_this_thread(f"vp {self.op} {self.name}")
+
+        def probe_loop() -> None:
+            try:
+                if self._loop is not None:
+                    self._run_batches(self._loop)
+                else:
+                    self._run_one_by_one()
+            except Exception:
+                # A restart goes on with the same stats, counters and picker, but not with a descriptor the
+                # failed run may have left anywhere: the next run opens it again, through every check.
+                self.probe.close()
+                raise
+
         try:
-            if self._loop is not None:
-                self._run_batches(self._loop)
-            else:
-                self._run_one_by_one()
+            supervise.run("probe", probe_loop, lambda: self._stopping, f"probe {self.name} {self.op}")
         finally:
             self.probe.picker.close()
             self.probe.close()  # a worker that outlived its stop still releases its descriptor (and O_EXCL)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
-from .. import __version__, capabilities, metrics
+from .. import __version__, capabilities, metrics, supervise
 from ..probe import TIMER
 
 if TYPE_CHECKING:
@@ -99,6 +99,10 @@ class VolprobeCollector(PrometheusCollector):
         for name, available in sorted(capabilities.known().items()):
             capability.add_metric([name], 1.0 if available else 0.0)
         yield capability
+        restarts = metrics.THREAD_RESTARTS.family()
+        for thread, count in supervise.restarts().items():
+            restarts.add_metric([thread], count)
+        yield restarts
         exporter = self.sources.exporter
         reload_ok = metrics.CONFIG_RELOAD_SUCCESSFUL.family()
         reload_ok.add_metric([], 1.0 if exporter.last_reload_successful else 0.0)

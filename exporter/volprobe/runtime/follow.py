@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
-from .. import capabilities
+from .. import capabilities, supervise
 from .. import targets as targets_mod
 from ..config import Config, ConfigError, DiscoveryConfig, TargetConfig
 from ..discovery import SKIP_BY_DEFAULT, Host
@@ -142,18 +142,20 @@ class DeviceFollower:
 
     def _follow(self, stopping: threading.Event) -> None:
         name_this_thread("vp discovery")
-        while not stopping.is_set():
-            try:
+
+        def rescans() -> None:
+            while not stopping.is_set():
                 self.rescan(stopping)
-            except Exception:  # one bad scan (a device vanishing mid-read) must not end following
-                log.exception("device rescan failed")
-            discovery = self.config.discovery if self.config else None
-            interval = discovery.rescan_interval if discovery else DiscoveryConfig.rescan_interval
-            if self._events is not None:
-                self._events.wait(interval)  # a udev event wakes the rescan early
-                self._events.clear()
-            else:
-                stopping.wait(interval)
+                discovery = self.config.discovery if self.config else None
+                interval = discovery.rescan_interval if discovery else DiscoveryConfig.rescan_interval
+                if self._events is not None:
+                    self._events.wait(interval)  # a udev event wakes the rescan early
+                    self._events.clear()
+                else:
+                    stopping.wait(interval)
+
+        # A bad scan (a device vanishing mid-read) is logged, counted and retried after a back-off.
+        supervise.run("discovery", rescans, stopping, "device rescan")
 
     def rescan(self, stopping: threading.Event | None = None) -> None:
         """Start probing devices that appeared and match; stop those that went or whose probes changed."""

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from .. import capabilities, nvme
+from .. import capabilities, nvme, supervise
 from ..discovery import Host
 from ..osthread import name_this_thread
 
@@ -136,12 +136,14 @@ class ProviderStats:
 
     def _run(self) -> None:
         name_this_thread("vp provider")
-        while not self._stop.is_set():
-            try:
+
+        def polls() -> None:
+            while not self._stop.is_set():
                 self.poll()
-            except Exception as err:  # one bad poll (a device vanishing mid-read) must not end the thread
-                self._say("*", "poll", logging.ERROR, f"reading the provider's NVMe statistics failed: {err!r}")
-            self._stop.wait(self.interval)
+                self._stop.wait(self.interval)
+
+        # A bad poll (a device vanishing mid-read) is logged, counted and retried after a back-off.
+        supervise.run("provider", polls, self._stop, "provider statistics poll")
 
     def poll(self) -> None:
         disks = self.disks()

@@ -9,6 +9,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .. import supervise
 from ..config import DiscoveryWarmupConfig
 from ..state import StateStore
 from ..targets import ResolvedTarget
@@ -68,12 +69,22 @@ class WarmupManager:
         log.info("warming up %s (%s) %s, state %s", target.name, target.path, job.identity.mode, job.state_path)
 
     def _body(self, entry: _Entry) -> None:
-        progress = entry.job.run()
-        entry.finished = True
-        if progress.state == "done" and entry.discovered:
-            log.info("warm-up of discovered %s (%s) is done", entry.target.name, entry.job.identity.device)
-        if entry.discovered:
-            self._start_queued()
+        """The warm-up's thread. A job's own errors end it `failed` (logged, exported, alerted on) and it is not
+        retried: a failing or vanished device is not read again in a loop, and a reload, a re-attach or a restart
+        resumes it from its checkpoint. Anything else that escapes is supervised (logged, counted, retried after
+        a back-off), without running a finished job again."""
+
+        def warm() -> None:
+            if not entry.finished:
+                progress = entry.job.run()
+                entry.finished = True
+                if progress.state == "done" and entry.discovered:
+                    log.info("warm-up of discovered %s (%s) is done", entry.target.name, entry.job.identity.device)
+            if entry.discovered:
+                self._start_queued()  # the next queued warm-up takes this one's place
+
+        # The job's stop event: stopping a warm-up also ends a back-off at once.
+        supervise.run("warmup", warm, entry.job._stop, f"warm-up of {entry.target.name}")
 
     def start(self, targets: list[ResolvedTarget]) -> None:
         """The warm-ups the targets' configuration asks for, at once."""
