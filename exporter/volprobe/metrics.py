@@ -118,6 +118,14 @@ CONFIG_RELOAD_SUCCESS_TIME = MetricSpec(
     "Unix time of the last successful configuration load (start-up or reload).",
     (),
 )
+THREAD_RESTARTS = MetricSpec(
+    "volprobe_thread_restarts",
+    "counter",
+    "Unexpected errors that ended a long-lived thread's work (thread: probe, warmup, throttle, provider, "
+    "discovery), logged with their traceback; the work restarts after a back-off of 1 s doubling to 60 s. "
+    "Every thread value is present from the start, at 0.",
+    ("thread",),
+)
 SCRAPE_SUCCESS = MetricSpec(
     "volprobe_scrape_collector_success", "gauge", "Whether a collector succeeded.", ("collector",)
 )
