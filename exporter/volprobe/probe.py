@@ -43,6 +43,7 @@ SECTOR = 512
 MAX_ERROR_BACKOFF_S = 30.0
 MAX_SLEEP_NS = 1_000_000_000  # a worker notices stop and slow-down requests within a second
 BATCH_S = 30.0  # the C loop returns to Python about this often (and at every failure, stop or slow-down)
+RECHECK_S = 1.0  # a held write descriptor is checked again (fstat, size) before a batch, at most this often
 # errnos after which the descriptor is worthless: the device went away or was replaced, or the filesystem went
 # read-only (an ext4 error): letting go of the probe file lets the operator unmount it for fsck.
 REOPEN_ERRNOS = {errno.ENXIO, errno.ENODEV, errno.ENOENT, errno.EBADF, errno.ESTALE, errno.ENOMEDIUM, errno.EROFS}
@@ -295,6 +296,7 @@ class ProbeIO:
         self._inflight = array.array("q", [0])  # start of the request in flight (ns), 0 when none; see scrapes
         self._offset = -1
         self._touch = ""
+        self._checked_ns = time.monotonic_ns()  # when the held descriptor was last checked (open_checked)
 
     @property
     def inflight_since_ns(self) -> int:
@@ -320,11 +322,15 @@ class ProbeIO:
         self.io.let_go()
 
     def open_checked(self) -> None:
-        """open(), then the held descriptor's checks (size, links, identity); on any failure, let go."""
+        """open() (which checks what it opened), or re-check a held descriptor (size, links) if the last
+        check is more than RECHECK_S old; on any failure, let go."""
         try:
-            self.open()
-            if self.fd is not None and self.io.verify is not None:
+            if self.fd is None:
+                self.open()
+                self._checked_ns = time.monotonic_ns()
+            elif self.io.verify is not None and time.monotonic_ns() - self._checked_ns >= RECHECK_S * 1e9:
                 self.io.verify(self.fd)
+                self._checked_ns = time.monotonic_ns()
         except OSError:
             self.let_go()
             raise

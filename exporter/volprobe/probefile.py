@@ -96,6 +96,13 @@ class ProbeDirectory:
             raise
         return fd
 
+    def recheck(self, fd: int, name: str, size: int) -> None:
+        """The held descriptor's checks that can change under it (links, owner, size), by fstat alone: no I/O
+        is added to the device between probes."""
+        st = _judge_stat(fd, self.st_dev, f"{self.path}/{name}")
+        if st.st_size != size:
+            raise Refused(f"changed size from {size} to {st.st_size} bytes", f"{self.path}/{name}")
+
     def check(self, fd: int, name: str, size: int, identity: FileIdentity | None) -> None:
         """judge() the descriptor; with `identity`, it must also be that very file."""
         found = judge(fd, size, self.st_dev, f"{self.path}/{name}")
@@ -162,15 +169,7 @@ def read_header(path: str) -> dict | None:
 
 def judge(fd: int, size: int, device: int, path: str) -> FileIdentity:
     """What an open descriptor must be before volprobe writes through it; Refused with the reason otherwise."""
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise Refused("exists and is not a regular file; refusing to touch it", path)
-    if st.st_nlink != 1:
-        raise Refused(f"has {st.st_nlink} links; a probe file has one, refusing to touch it", path)
-    if st.st_uid != os.geteuid():
-        raise Refused(f"belongs to uid {st.st_uid}, not to volprobe's uid {os.geteuid()}; refusing to touch it", path)
-    if st.st_dev != device:
-        raise Refused("is not on the directory's filesystem; refusing to touch it", path)
+    st = _judge_stat(fd, device, path)
     header = _read_header_of(fd)
     if header is None or not isinstance(header.get("id"), str):
         raise Refused("exists but is not a volprobe probe file; refusing to overwrite it", path)
@@ -181,6 +180,20 @@ def judge(fd: int, size: int, device: int, path: str) -> FileIdentity:
             path,
         )
     return FileIdentity(st.st_ino, header["id"])
+
+
+def _judge_stat(fd: int, device: int, path: str) -> os.stat_result:
+    """judge()'s checks that fstat alone answers: what can change under a descriptor already held."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise Refused("exists and is not a regular file; refusing to touch it", path)
+    if st.st_nlink != 1:
+        raise Refused(f"has {st.st_nlink} links; a probe file has one, refusing to touch it", path)
+    if st.st_uid != os.geteuid():
+        raise Refused(f"belongs to uid {st.st_uid}, not to volprobe's uid {os.geteuid()}; refusing to touch it", path)
+    if st.st_dev != device:
+        raise Refused("is not on the directory's filesystem; refusing to touch it", path)
+    return st
 
 
 def check_existing(directory: ProbeDirectory, name: str, size: int) -> str | None:

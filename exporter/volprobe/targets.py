@@ -214,7 +214,7 @@ def io_target(host: Host, target: ResolvedTarget, probe: ProbeConfig) -> IOTarge
             probefile.HEADER_BYTES,
             size,
             opener=lambda: directory.open_file(PROBE_FILE_NAME, flags, size, target.probe_pin),
-            verify=lambda fd: directory.check(fd, PROBE_FILE_NAME, size, target.probe_pin),
+            verify=lambda fd: directory.recheck(fd, PROBE_FILE_NAME, size),
             release=directory.release,
         )
     return IOTarget(
