@@ -1,19 +1,27 @@
-"""What volprobe remembers per volume: first touch across restarts (SIGTERM and kill -9), and a state directory
-that is corrupt or unwritable (issue 16, part 2)."""
+"""What volprobe remembers per volume: first touch across restarts (SIGTERM and kill -9), a state directory
+that is corrupt or unwritable (issue 16, part 2), and state files that are hostile (issue 24)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import multiprocessing
 import os
 import random
+import resource
 import signal
+import stat
+import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 
-from volprobe import state
+from volprobe import state, warmup
 from volprobe.discovery import BlockDevice, Host
 from volprobe.probe import OffsetPicker
 
@@ -227,3 +235,230 @@ def test_a_loop_state_of_an_earlier_version_is_carried_over_to_its_backing_file(
     (tmp_path / state.VolumeIdentity.of(replace(LOOP, name="loop4")).file_name()).write_text("[]")
     other = replace(LOOP, name="loop4", backing_file="/srv/images/other.img")
     assert state.StateStore(str(tmp_path)).volume(other).status == "new"
+
+
+# -- hostile state files (issue 24): set aside as corrupt, and the volume or warm-up starts afresh ---------------
+
+# Every kind of file the state directory holds, all read by state.read_state_file: a volume's state, a warm-up's
+# own checkpoint (`volprobe warmup --state FILE`), and the checkpoint file of an earlier version.
+KINDS = ("volume", "checkpoint", "legacy")
+CREATED = 1_700_000_000
+
+
+def state_file(directory: Path, kind: str) -> Path:
+    if kind == "volume":
+        return directory / state.VolumeIdentity.of(LOOP).file_name()
+    return directory / ("warmup.json" if kind == "checkpoint" else warmup.legacy_state_file("old"))
+
+
+def warmup_identity(nblocks: int) -> warmup.Identity:
+    return warmup.Identity("vol-0abc", nblocks * MIB, MIB, "read")
+
+
+def valid_document(kind: str, nblocks: int = 64) -> str:
+    """A state volprobe resumes (test_valid_states_of_every_kind_are_resumed), for tests to spoil one way each."""
+    if kind == "volume":
+        identity = state.VolumeIdentity.of(LOOP).to_json()
+        sections = {"probes": {"read": {"key": 7, "next": 25, "used": 25, "gaps": [[3, 5]]}}}
+        return json.dumps(
+            {"version": 1, "identity": identity, "created": CREATED, "saved": CREATED, "sections": sections}
+        )
+    identity = warmup_identity(nblocks).to_json()
+    return json.dumps({"version": 1, "identity": identity, "phase": "read", "done": [[0, 3]], "saved": CREATED})
+
+
+def resume(directory: Path, kind: str, nblocks: int = 64) -> bool:
+    """Start on the state file of `kind` as volprobe does, then save to it (which must work, whatever the file
+    held): True if what it held was resumed, False if it was refused and the start was afresh."""
+    if kind == "volume":
+        volume = state.VolumeState(str(directory), state.VolumeIdentity.of(LOOP))
+        found = volume.status
+        cursor = state.ProbeCursor(volume, "read", key=99, reserve=10)
+        assert cursor.reserve(cursor.start + 1) and volume.put("unloaded", {}), volume.problem
+        assert found in ("ok", "corrupt") and (cursor.key == 7) == (found == "ok")
+        return found == "ok"
+    path = str(state_file(directory, kind))
+    if kind == "checkpoint":
+        checkpoint: warmup.Checkpoint = warmup.FileCheckpoint(path)
+    else:
+        volume = state.StateStore(str(directory)).volume(LOOP)
+        checkpoint = state.SectionCheckpoint(volume, "warmup", warmup.FileCheckpoint(path))
+    extents, phase, warning = warmup.load_state(checkpoint, warmup_identity(nblocks), nblocks)
+    warmup.save_state(checkpoint, warmup_identity(nblocks), phase or "read", extents)
+    assert (warning is None) == bool(phase) and (warning is None or "corrupt" in warning), warning
+    return warning is None
+
+
+def set_aside(directory: Path, kind: str) -> Path:
+    """The one file a refused state was set aside as."""
+    [aside] = directory.glob(state_file(directory, kind).name + ".corrupt-*")
+    return aside
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_valid_states_of_every_kind_are_resumed(tmp_path, kind):
+    state_file(tmp_path, kind).write_text(valid_document(kind))
+    assert resume(tmp_path, kind)
+    assert not list(tmp_path.glob("*.corrupt-*"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("levels", [100_000, 40])
+def test_deeply_nested_json_is_set_aside(tmp_path, kind, levels):
+    """100000 levels blew the parser's recursion (a RecursionError stopped the start). 40, in a state it would
+    resume otherwise, would make every later copy of the state recurse that deep, in a probe's thread."""
+    if levels > 1000:
+        text = "[" * levels
+    else:
+        document = json.loads(valid_document(kind))
+        (document["sections"] if kind == "volume" else document)["deep"] = json.loads("[" * levels + "]" * levels)
+        text = json.dumps(document)
+    state_file(tmp_path, kind).write_text(text)
+    assert not resume(tmp_path, kind)
+    assert set_aside(tmp_path, kind).read_text() == text
+
+
+@pytest.mark.parametrize("created", ["1e400", "-1e400", "NaN", "Infinity", "1e300", "-5", "true", '"1700000000"'])
+def test_a_creation_time_that_is_no_sane_time_is_set_aside(tmp_path, created):
+    """1e400 is inf: it was taken, and every later write raised OverflowError (int(created)) in its thread."""
+    text = valid_document("volume").replace(f'"created": {CREATED}', f'"created": {created}')
+    assert created in text
+    state_file(tmp_path, "volume").write_text(text)
+    assert not resume(tmp_path, "volume")  # which writes the state twice
+    assert set_aside(tmp_path, "volume").read_text() == text
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"key": 7, "next": 2**70},
+        {"key": 7, "next": 2**63},
+        {"key": -1, "next": 5},
+        {"key": 7.5, "next": 5},
+        {"key": True, "next": 5},
+        {"key": 7, "next": 5, "used": "4"},
+        {"key": 7, "next": 5, "gaps": [[0, 1]] * 33},
+        {"key": 7, "next": 5, "gaps": [[0, 1.5]]},
+        {"key": 7, "next": 5, "gaps": {"0": 1}},
+    ],
+)
+def test_a_probe_cursor_out_of_range_is_set_aside(tmp_path, entry):
+    """Its key and positions are read back as ints, and written again, by the probe's thread."""
+    document = json.loads(valid_document("volume"))
+    document["sections"]["probes"]["read"] = entry
+    state_file(tmp_path, "volume").write_text(json.dumps(document))
+    assert not resume(tmp_path, "volume")
+    assert set_aside(tmp_path, "volume")
+
+
+def test_probe_cursors_as_every_version_wrote_them_are_resumed(tmp_path):
+    """The first versions wrote only the key and the next position."""
+    document = json.loads(valid_document("volume"))
+    document["sections"]["probes"] = {"read": {"key": 7, "next": 25}, "write": {"key": 2**64 - 1, "next": 0}}
+    state_file(tmp_path, "volume").write_text(json.dumps(document))
+    assert resume(tmp_path, "volume")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_huge_state_file_is_refused_without_reading_it(tmp_path, kind):
+    """A state it would resume, padded with 100 MiB of blanks: refused on its size, before it is read."""
+    path = state_file(tmp_path, kind)
+    with path.open("w") as f:
+        f.write(valid_document(kind))
+        for _ in range(100):
+            f.write(" " * MIB)
+    started = time.monotonic()
+    assert not resume(tmp_path, kind)
+    assert time.monotonic() - started < 2
+    assert set_aside(tmp_path, kind).stat().st_size > 100 * MIB
+
+
+def in_a_process_of_its_own(test: Callable[[], None], timeout: float = 10) -> None:
+    """Run `test` in a forked process allowed `timeout` seconds and 1 GiB more memory than this one: a
+    regression fails this test, instead of hanging the run or exhausting the machine."""
+
+    def child() -> None:
+        limit = psutil.Process().memory_info().vms + (1 << 30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        test()
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    started = time.monotonic()
+    process.start()
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        pytest.fail(f"still running after {timeout} s")
+    assert process.exitcode == 0, f"failed after {time.monotonic() - started:.1f} s (exit code {process.exitcode})"
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "legacy"])
+def test_a_checkpoint_claiming_too_many_blocks_above_its_mark_is_refused_fast(tmp_path, kind):
+    """[[1, 10**12]] was expanded into a set of 10**12 blocks; now more than MAX_ABOVE is corrupt."""
+    nblocks = 2 * 10**12
+    document = json.loads(valid_document(kind, nblocks))
+    state_file(tmp_path, kind).write_text(json.dumps({**document, "done": [[1, 10**12]]}))
+
+    def refused_within_a_second() -> None:
+        started = time.monotonic()
+        assert not resume(tmp_path, kind, nblocks)
+        assert time.monotonic() - started < 1
+
+    in_a_process_of_its_own(refused_within_a_second)
+    assert json.loads(set_aside(tmp_path, kind).read_text())["done"] == [[1, 10**12]]
+    # MAX_ABOVE blocks above the mark (a worker stuck while the others went on): still a checkpoint.
+    half = warmup.Extents.MAX_ABOVE // 2
+    done = [[0, 10], [11, 11 + half], [12 + half, 12 + 2 * half]]
+    state_file(tmp_path, kind).write_text(json.dumps({**document, "done": done}))
+    assert resume(tmp_path, kind, nblocks)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_fifo_named_like_the_state_file_does_not_hang_the_start(tmp_path, kind):
+    """open() waited for a writer that never comes."""
+    path = state_file(tmp_path, kind)
+    os.mkfifo(path)
+    outcome: list[bool] = []
+    reader = threading.Thread(target=lambda: outcome.append(resume(tmp_path, kind)), daemon=True)
+    reader.start()
+    reader.join(5)
+    assert not reader.is_alive(), "blocked on the FIFO"
+    assert outcome == [False]
+    assert stat.S_ISFIFO(set_aside(tmp_path, kind).lstat().st_mode), "the FIFO itself is set aside"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_symlink_named_like_the_state_file_is_not_followed_nor_written_through(tmp_path, kind):
+    """The link leads to a state volprobe would resume: were it followed, it would be."""
+    other = tmp_path / "elsewhere" / "precious.json"
+    other.parent.mkdir()
+    other.write_text(valid_document(kind))
+    checksum = hashlib.sha256(other.read_bytes()).hexdigest()
+    path = state_file(tmp_path, kind)
+    path.symlink_to(other)
+    assert not resume(tmp_path, kind)  # which writes the state afterwards
+    aside = set_aside(tmp_path, kind)
+    assert aside.is_symlink() and os.readlink(aside) == str(other), "the link itself is set aside"
+    assert hashlib.sha256(other.read_bytes()).hexdigest() == checksum and other.stat().st_nlink == 1
+    if kind != "legacy":  # (a legacy checkpoint's progress goes to the volume's state)
+        assert path.is_file() and not path.is_symlink(), "the new state is a file of its own"
+
+
+def test_write_atomically_sets_the_mode_through_its_descriptor_not_a_name(tmp_path, monkeypatch):
+    """Should its temporary file's name be swapped for a link (by someone who can write the directory), the
+    mode is not set on whatever the link leads to."""
+    precious = tmp_path / "precious"
+    precious.write_text("keep")
+    precious.chmod(0o600)
+    mkstemp = tempfile.mkstemp
+
+    def swapped(*args, **kwargs):
+        fd, name = mkstemp(*args, **kwargs)
+        os.unlink(name)
+        os.symlink(precious, name)
+        return fd, name
+
+    monkeypatch.setattr(state.tempfile, "mkstemp", swapped)
+    state.write_atomically(str(tmp_path / "report.txt"), "report", mode=0o644)
+    assert stat.S_IMODE(precious.stat().st_mode) == 0o600 and precious.read_text() == "keep"

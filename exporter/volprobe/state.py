@@ -14,8 +14,10 @@ The file holds, in sections:
 
 Every write replaces the file atomically (temporary file, fsync, rename, fsync of the directory). A file that
 is corrupt, or that belongs to another volume, is set aside (renamed `*.corrupt-TIME`, never overwritten) and
-the volume starts afresh. When the directory cannot be written the store says so (`status`), and its users
-carry on in memory as if there were no state.
+the volume starts afresh. Corrupt includes hostile: every state file and warm-up checkpoint is read by
+read_state_file, which refuses (as corrupt) anything but a small regular file of shallow JSON with sane numbers,
+without following a link or waiting on a FIFO. When the directory cannot be written the store says so
+(`status`), and its users carry on in memory as if there were no state.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import errno
 import itertools
 import json
 import logging
+import math
 import os
 import re
+import stat
 import tempfile
 import threading
 import time
@@ -40,6 +44,15 @@ log = logging.getLogger(__name__)
 
 VERSION = 1
 STATUSES = ("ok", "new", "corrupt", "foreign", "unwritable")  # see VolumeState.status
+
+# Limits on what a state file may hold; beyond them it is corrupt. State files are a few KiB (a cursor per probe,
+# a warm-up checkpoint of about as many extents as it has jobs): 1 MiB is hundreds of times that, and still
+# read and parsed in milliseconds.
+MAX_STATE_BYTES = 1 << 20
+MAX_DEPTH = 32  # documents nest 6 deep (document, sections, probes, probe, gaps, gap); json recurses per level
+MAX_INT = 1 << 64  # keys are 64-bit, positions and sizes count blocks or bytes of a device, times are seconds
+MAX_TIME = 1 << 33  # seconds since 1970: the year 2242. Not "now": the clock may have stepped back since.
+MAX_POSITION = 1 << 63  # a probe cursor's positions count blocks of a device, whose size in bytes is below 2**63
 
 
 @dataclass(frozen=True)
@@ -99,26 +112,26 @@ class VolumeState:
     def _load(self) -> None:
         assert self.path is not None
         try:
-            with open(self.path) as f:
-                document = json.load(f)
-        except FileNotFoundError:
-            self._carry_over()
-            return
+            document = read_state_file(self.path)
         except (OSError, ValueError) as err:
             self._set_aside("corrupt", f"unreadable or corrupt ({err})")
+            return
+        if document is None:
+            self._carry_over()
             return
         if not isinstance(document, dict) or document.get("version") != VERSION:
             self._set_aside("corrupt", "not a volprobe volume state")
             return
         if document.get("identity") != self.identity.to_json():
-            self._set_aside("foreign", f"belongs to {document.get('identity')}, not {self.identity.to_json()}")
+            self._set_aside(
+                "foreign", f"belongs to {_clipped(document.get('identity'))}, not {self.identity.to_json()}"
+            )
             return
-        sections = document.get("sections")
-        created = document.get("created")
-        if not isinstance(sections, dict) or not isinstance(created, int | float):
-            self._set_aside("corrupt", "has no sections")
+        problem = _state_problem(document)
+        if problem:
+            self._set_aside("corrupt", problem)
             return
-        self._sections, self.created, self.found = sections, float(created), "ok"
+        self._sections, self.created, self.found = document["sections"], float(document["created"]), "ok"
 
     def _carry_over(self) -> None:
         """The file of this volume's earlier identity (a loop device was keyed on its name and size before its
@@ -127,16 +140,14 @@ class VolumeState:
             return
         earlier = os.path.join(os.path.dirname(self.path), self._earlier.file_name())
         try:
-            with open(earlier) as f:
-                document = json.load(f)
+            document = read_state_file(earlier)
         except (OSError, ValueError):
-            return
+            return  # left alone: it may be the state of another volume of that name and size
         if not (
             isinstance(document, dict)
             and document.get("version") == VERSION
             and document.get("identity") == self._earlier.to_json()
-            and isinstance(document.get("sections"), dict)
-            and isinstance(document.get("created"), int | float)
+            and _state_problem(document) is None
         ):
             return  # not a state of this volume's earlier identity: left alone
         self._sections, self.found, self.created = document["sections"], "ok", float(document["created"])
@@ -205,16 +216,20 @@ class VolumeState:
 
 def write_atomically(path: str, text: str, mode: int | None = None) -> None:
     """Replace `path` with `text`: a crash leaves the old file or the new one, never half of one. `mode`: the
-    file's permissions (else mkstemp's 0600)."""
+    file's permissions (else mkstemp's 0600).
+
+    Nothing planted in the directory is written through: mkstemp creates a new file (O_CREAT|O_EXCL|O_NOFOLLOW,
+    so not through a link at its name), the text and mode go through its descriptor, not its name, and rename
+    replaces the name `path`, never the file a symbolic or hard link there leads to."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".volprobe-", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)  # not chmod(tmp): the name could be swapped for a link meanwhile
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -225,6 +240,101 @@ def write_atomically(path: str, text: str, mode: int | None = None) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def read_state_file(path: str) -> Any:
+    """The JSON document in `path`, None if there is no such file. ValueError if it is anything but a regular
+    file of at most MAX_STATE_BYTES holding JSON that parse_state accepts: a symbolic link is not followed,
+    a FIFO is not waited on (O_NONBLOCK), and what is checked (fstat) is what is read, through one descriptor.
+    OSError if it cannot be read (permissions, I/O errors)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # what O_NOFOLLOW says of a link
+            raise ValueError("a symbolic link, not followed") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"not a regular file (mode {info.st_mode:o})")
+        if info.st_size > MAX_STATE_BYTES:
+            raise ValueError(f"{info.st_size} bytes, more than {MAX_STATE_BYTES}")
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_STATE_BYTES + 1)  # one byte more: a file that grew since fstat is refused too
+    finally:
+        os.close(fd)
+    if len(data) > MAX_STATE_BYTES:
+        raise ValueError(f"more than {MAX_STATE_BYTES} bytes")
+    return parse_state(data.decode())
+
+
+def parse_state(text: str) -> Any:
+    """JSON of a state file, or ValueError: nesting at most MAX_DEPTH deep (so that no later copy or write of
+    it recurses deeply), every number finite (no NaN, Infinity or 1e400) and every int below MAX_INT in
+    magnitude (no 4000-digit int to convert)."""
+    try:
+        document = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant)
+    except RecursionError:
+        raise ValueError(f"nested more than {MAX_DEPTH} deep") from None
+    stack = [(document, 1)]  # depth-first, without recursion
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                raise ValueError(f"nested more than {MAX_DEPTH} deep")
+            stack.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value))
+    return document
+
+
+def _int(text: str) -> int:
+    if len(text) > 21:  # 2**64 has 20 digits; checked before converting, as the conversion is quadratic
+        raise ValueError(f"an int of {len(text)} digits")
+    value = int(text)
+    if not -MAX_INT < value < MAX_INT:
+        raise ValueError(f"an int out of range ({value})")
+    return value
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400
+        raise ValueError(f"a number out of range ({text:.40})")
+    return value
+
+
+def _constant(text: str) -> float:
+    raise ValueError(f"{text} is not a number")  # NaN, Infinity, -Infinity: Python's json accepts them
+
+
+def _int_in(value: object, low: int, high: int) -> bool:
+    """An int (not a bool) in [low, high)."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+
+def _state_problem(document: dict) -> str | None:
+    """What makes a volume state of this version unusable, if anything. Whatever is accepted must never make a
+    later write raise, in a probe's thread: `created` is written as an int, and the probe cursors' numbers are
+    read back as positions and keys."""
+    sections, created = document.get("sections"), document.get("created")
+    if not isinstance(sections, dict):
+        return "has no sections"
+    if not (isinstance(created, int | float) and not isinstance(created, bool) and 0 <= created < MAX_TIME):
+        return f"has no sane creation time ({_clipped(created)})"
+    probes = sections.get("probes", {})
+    if not isinstance(probes, dict):
+        return "has probe cursors that are not a mapping"
+    for name, entry in probes.items():
+        if not _valid_cursor(entry):
+            return f"has a bad probe cursor {_clipped(name)}: {_clipped(entry)}"
+    return None
+
+
+def _clipped(value: object, limit: int = 200) -> str:
+    """For a log line: whatever a state file holds, at most `limit` characters of it."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def state_directory(configured: str | None) -> str | None:
@@ -244,12 +354,15 @@ def state_directory(configured: str | None) -> str | None:
 
 def move_aside(path: str, status: str) -> str:
     """Rename `path` to `path.STATUS-UNIXTIME`, never over an earlier one (two in a second, or the clock stepped
-    back): a set-aside file is evidence."""
+    back): a set-aside file is evidence. What is renamed is the name: a symbolic link is moved, never followed,
+    and a FIFO or device node is never opened."""
     stem = f"{path}.{status}-{int(time.time())}"
     for n in itertools.count():
         aside = stem if n == 0 else f"{stem}.{n}"
         try:
-            os.link(path, aside)  # fails if `aside` exists, where rename would replace it
+            # Fails if `aside` exists, where rename would replace it. Not following a link: the link itself is
+            # kept, not a second name for whatever it leads to.
+            os.link(path, aside, follow_symlinks=False)
         except FileExistsError:
             continue
         except OSError as err:
@@ -319,14 +432,12 @@ class ProbeCursor:
         entries = volume.get("probes")
         entry = entries.get(name) if isinstance(entries, dict) else None
         self.gaps: list[tuple[int, int]] = []
-        if isinstance(entry, dict) and isinstance(entry.get("key"), int) and isinstance(entry.get("next"), int):
-            self.key, self.start, self.resumed = entry["key"], max(0, entry["next"]), True
-            gaps = entry.get("gaps", [])
-            if isinstance(gaps, list):
-                self.gaps = [(a, b) for a, b in (g for g in gaps if _pair(g)) if 0 <= a < b <= self.start]
+        if _valid_cursor(entry):  # always, from a loaded file: VolumeState sets aside one that is not
+            self.key, self.start, self.resumed = entry["key"], entry["next"], True
+            self.gaps = [(a, b) for a, b in entry.get("gaps", []) if a < b <= self.start]
             used = entry.get("used")
-            if isinstance(used, int) and used < self.start:  # the last run ended without a clean stop
-                self.gaps = [*self.gaps, (max(0, used), self.start)][-self.MAX_GAPS :]
+            if used is not None and used < self.start:  # the last run ended without a clean stop
+                self.gaps = [*self.gaps, (used, self.start)][-self.MAX_GAPS :]
         else:
             self.key, self.start, self.resumed = key, 0, False
         self.reserved = self.start
@@ -366,8 +477,20 @@ class ProbeCursor:
             self._write(used, used)
 
 
-def _pair(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value)
+def _valid_cursor(entry: Any) -> bool:
+    """A probe cursor's entry as any version wrote it (the first wrote only `key` and `next`): a 64-bit key,
+    positions in range, and at most MAX_GAPS gaps, each a pair of positions."""
+    if not isinstance(entry, dict):
+        return False
+    used, gaps = entry.get("used", 0), entry.get("gaps", [])
+    return (
+        _int_in(entry.get("key"), 0, MAX_INT)
+        and _int_in(entry.get("next"), 0, MAX_POSITION)
+        and _int_in(used, 0, MAX_POSITION)
+        and isinstance(gaps, list)
+        and len(gaps) <= ProbeCursor.MAX_GAPS
+        and all(isinstance(g, list) and len(g) == 2 and all(_int_in(v, 0, MAX_POSITION) for v in g) for g in gaps)
+    )
 
 
 # -- sections as checkpoints ------------------------------------------------------------------------------------
@@ -379,6 +502,8 @@ class EarlierCheckpoint(Protocol):
     path: str
 
     def read(self) -> object | None: ...
+
+    def set_aside(self) -> str: ...
 
 
 class SectionCheckpoint:
@@ -398,6 +523,13 @@ class SectionCheckpoint:
             return self.earlier.read()
         return value
 
+    def set_aside(self) -> str:
+        """After a corrupt read: the earlier checkpoint, if that is what was read, is set aside (as a corrupt
+        state is); a corrupt section is replaced by the next write."""
+        if self.volume.get(self.section) is None and self.earlier is not None:
+            return self.earlier.set_aside()
+        return ""
+
     def write(self, document: dict) -> None:
         if not self.volume.put(self.section, document):
             raise OSError(self.volume.problem or "the volume state cannot be written")
@@ -405,4 +537,4 @@ class SectionCheckpoint:
         path = earlier.path if earlier is not None else None
         if path and os.path.exists(path):
             with contextlib.suppress(OSError):
-                os.replace(path, path + ".migrated")
+                os.replace(path, path + ".migrated")  # renames the name: a link there is moved, not followed

@@ -30,7 +30,7 @@ from . import capabilities
 from .config import WarmupConfig
 from .probe import WriteData
 from .safety import GUARD_BYTES
-from .state import SectionCheckpoint, StateStore, write_atomically
+from .state import SectionCheckpoint, StateStore, move_aside, read_state_file, write_atomically
 
 if TYPE_CHECKING:
     from .targets import ResolvedTarget
@@ -107,6 +107,12 @@ class Extents:
     Blocks are handed out in order, so the set above the mark stays about as small as the number of jobs.
     """
 
+    # A saved checkpoint with more blocks than this above its mark is corrupt: a real one has about as many as
+    # the warm-up has jobs, and a hostile `[[1, 10**12]]` must not become a set of 10**12 ints. Only a worker
+    # stuck in a hung read while the others read 64 GiB past it (at 1 MiB blocks) could save more: that
+    # warm-up starts over.
+    MAX_ABOVE = 65536
+
     def __init__(self, nblocks: int) -> None:
         self.nblocks = nblocks
         self.mark = 0
@@ -141,17 +147,25 @@ class Extents:
         if not isinstance(ranges, list):
             raise ValueError("extents are not a list")
         extents = cls(nblocks)
+        above = 0
         for item in ranges:
-            if not (isinstance(item, list) and len(item) == 2 and all(isinstance(v, int) for v in item)):
-                raise ValueError(f"bad extent {item!r}")
+            if not (isinstance(item, list) and len(item) == 2 and all(type(v) is int for v in item)):
+                raise ValueError(f"bad extent {item!r:.80}")
             start, end = item
             if not 0 <= start < end <= nblocks:
                 raise ValueError(f"extent {item} outside the device's {nblocks} blocks")
             if start == 0:
                 extents.mark = max(extents.mark, end)
-            else:
-                for block in range(start, end):
-                    extents.add(block)
+                continue
+            above += end - start  # counted before the blocks are added one by one
+            if above > cls.MAX_ABOVE:
+                raise ValueError(f"more than {cls.MAX_ABOVE} blocks done above the first gap")
+            for block in range(start, end):
+                extents.add(block)
+        # Ranges in another order than to_list's ([[5, 6], [0, 5]]): what the mark reached is not above it.
+        above_mark, extents.above = extents.above, set()
+        for block in sorted(above_mark):
+            extents.add(block)
         return extents
 
     def pending(self) -> Iterator[int]:
@@ -178,11 +192,16 @@ class FileCheckpoint:
         self.path = self.where = path
 
     def read(self) -> object | None:
+        """As a volume state is read (volprobe.state.read_state_file): ValueError for anything but a small
+        regular file of sane JSON, neither a link followed nor a FIFO waited on."""
+        return read_state_file(self.path)
+
+    def set_aside(self) -> str:
+        """Keep a corrupt checkpoint for a human, as a corrupt volume state is; the next save starts a new one."""
         try:
-            with open(self.path) as f:
-                return json.load(f)
-        except FileNotFoundError:
-            return None
+            return f"moved to {move_aside(self.path, 'corrupt')}"
+        except OSError as err:
+            return f"could not be moved aside ({err.strerror})"
 
     def write(self, document: dict) -> None:
         write_atomically(self.path, json.dumps(document))
@@ -199,27 +218,38 @@ def load_state(
     `earlier`: identities the same volume had in earlier versions, whose states are this one's."""
     checkpoint = _checkpoint(where)
     name = checkpoint.where
+
+    def corrupt(why: str) -> tuple[Extents, str, str]:
+        # Set aside where the checkpoint keeps a file (FileCheckpoint, SectionCheckpoint of a legacy file); a
+        # section of a volume's state is replaced by the next save.
+        set_aside = getattr(checkpoint, "set_aside", None)
+        where = set_aside() if set_aside else ""
+        why += f"; {where}" if where else ""
+        return Extents(nblocks), "", f"state {name} {why}; starting over"
+
     try:
         document = checkpoint.read()
-    except (OSError, ValueError) as err:
+    except OSError as err:  # permissions, I/O: the file may be fine, and is left where it is
         return Extents(nblocks), "", f"state {name} is unreadable or corrupt ({err}); starting over"
+    except ValueError as err:
+        return corrupt(f"is unreadable or corrupt ({err})")
     if document is None:
         return Extents(nblocks), "", None
     if not isinstance(document, dict) or document.get("version") != STATE_VERSION:
-        return Extents(nblocks), "", f"state {name} is not a volprobe warm-up state; starting over"
+        return corrupt("is not a volprobe warm-up state")
     if document.get("identity") not in [i.to_json() for i in (identity, *earlier)]:
         return (
             Extents(nblocks),
             "",
-            (f"state {name} belongs to {document.get('identity')}, not {identity.to_json()}; starting over"),
+            (f"state {name} belongs to {document.get('identity')!r:.200}, not {identity.to_json()}; starting over"),
         )
     try:
         extents = Extents.from_list(nblocks, document.get("done"))
     except ValueError as err:
-        return Extents(nblocks), "", f"state {name} is corrupt ({err}); starting over"
+        return corrupt(f"is corrupt ({err})")
     phase = document.get("phase", "read")
     if phase not in ("write", "read", "done"):
-        return Extents(nblocks), "", f"state {name} has an unknown phase {phase!r}; starting over"
+        return corrupt(f"has an unknown phase {phase!r:.40}")
     return extents, phase, None
 
 
