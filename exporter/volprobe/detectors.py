@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import diskstats
+from . import diskstats, supervise
 from .osthread import name_this_thread
 
 log = logging.getLogger(__name__)
@@ -298,12 +298,13 @@ class ThrottleDetector:
 
     def _run(self) -> None:
         name_this_thread("vp throttle")
+        # A failed sample is logged, counted and retried after a back-off: detection never ends silently.
+        supervise.run("throttle", self._sample_forever, self._stop, "throttle sampling")
+
+    def _sample_forever(self) -> None:
         next_time = time.monotonic()
         while not self._stop.is_set():
-            try:
-                self.sample(time.monotonic())
-            except Exception:  # a bad read must not end detection
-                log.exception("throttle sampling failed")
+            self.sample(time.monotonic())
             next_time += self.sample_interval
             delay = next_time - time.monotonic()
             if delay < 0:  # fell behind (suspend, overload): restart the schedule instead of catching up

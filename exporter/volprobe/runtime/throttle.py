@@ -9,11 +9,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from .. import burst, supervise
+from .. import burst
 from ..config import ThrottleConfig
 from ..detectors import DIRECTIONS, CheckRequest, ThrottleDetector
 from ..discovery import BlockDevice, Host
-from ..osthread import name_this_thread
 from ..state import StateStore, VolumeIdentity, VolumeState
 from .probes import ProbeSet, RunningProbe
 
@@ -61,31 +60,7 @@ class ThrottleWatch:
             window=config.window,
             request_check=self.check,
         )
-        self._start_sampling(self.detector)
-
-    @staticmethod
-    def _start_sampling(detector: ThrottleDetector) -> None:
-        """The detector's sampling thread, supervised (volprobe.supervise): a failed sample is logged, counted and
-        retried after a back-off. It takes the detector's own thread and stop event, so detector.stop() ends and
-        joins it, and ends an active check under way, as for the detector's own thread."""
-        stop = detector._stop
-
-        def sampling() -> None:
-            next_time = time.monotonic()
-            while not stop.is_set():
-                detector.sample(time.monotonic())
-                next_time += detector.sample_interval
-                delay = next_time - time.monotonic()
-                if delay < 0:  # fell behind (suspend, overload): restart the schedule instead of catching up
-                    next_time, delay = time.monotonic(), 0
-                stop.wait(delay)
-
-        def thread() -> None:
-            name_this_thread("vp throttle")
-            supervise.run("throttle", sampling, stop, "throttle sampling")
-
-        detector._thread = threading.Thread(target=thread, name="throttle detector", daemon=True)
-        detector._thread.start()
+        self.detector.start()
 
     def stop(self) -> None:
         if self.detector is not None:
