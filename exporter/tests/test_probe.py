@@ -56,6 +56,32 @@ def test_offset_picker_all_repeat_once_every_block_was_probed():
     assert all(picker.next()[1] == "repeat" for _ in range(20))
 
 
+class _FailingCursor:
+    """A volume state whose reservation write raises once, at the `fail_at`-th fresh offset."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.key, self.start, self.gaps, self.fail_at = 42, 0, [], fail_at
+
+    def reserve(self, needed: int) -> bool:
+        if needed == self.fail_at:
+            self.fail_at = -1
+            raise OverflowError("a reservation that cannot be written")
+        return True
+
+    def release(self, used: int) -> None:
+        pass
+
+
+def test_offset_picker_keeps_the_picks_made_before_a_failed_reservation():
+    """The supervised worker restarts after the failure: the fresh offsets picked before it must still come, in
+    order, or they would count as touched when they never were."""
+    picker = probe.OffsetPicker(1000, revisit=0.0, rng=random.Random(1), cursor=_FailingCursor(fail_at=5))
+    with pytest.raises(OverflowError):
+        picker.next()
+    first = [picker.next() for _ in range(6)]
+    assert first == [(picker.permutation(i), "first") for i in range(6)]
+
+
 def test_pacer_skips_overrun_slots_without_replaying_them():
     second = 1_000_000_000
     pacer = probe.Pacer(1.0, 0.0, random.Random(0), now_ns=0)

@@ -149,8 +149,12 @@ class OffsetPicker:
     def next(self) -> tuple[int, str]:
         """(block index, "first" or "repeat")."""
         if not self._queue:
-            self._queue = [self._pick() for _ in range(self.BATCH)]
-            self._queue.reverse()
+            picks: list[tuple[int, str]] = []
+            try:
+                for _ in range(self.BATCH):
+                    picks.append(self._pick())
+            finally:  # a failed pick (the cursor's write) keeps those made before it: they come next
+                self._queue = picks[::-1]
         return self._queue.pop()
 
     def put_back(self, picks: list[tuple[int, str]]) -> None:
@@ -547,6 +551,17 @@ class ProbeWorker:
         """About BATCH_S of probes per trip into C (so Python wakes that often), within [8, 512]."""
         return max(8, min(512, int(BATCH_S / (self.interval_s * self._slowdown))))
 
+    def _take_batch(self, picker: OffsetPicker) -> list[tuple[int, str]]:
+        """The next batch's picks; if picking fails part-way, those taken are put back, not lost."""
+        batch: list[tuple[int, str]] = []
+        try:
+            for _ in range(self._batch_size()):
+                batch.append(picker.next())
+        except BaseException:
+            picker.put_back(batch)
+            raise
+        return batch
+
     def _run_batches(self, loop: _timedio.Loop) -> None:
         """The C loop does the probes; Python picks offsets a batch at a time and handles each failure."""
         clock = time.perf_counter_ns
@@ -569,7 +584,7 @@ class ProbeWorker:
                     retry_at = clock() + self._backoff_ns(failures)
                     loop.schedule(retry_at, self._interval_ns())
                     continue
-            batch = [picker.next() for _ in range(self._batch_size())]
+            batch = self._take_batch(picker)
             offsets = array.array("q", [probe.io.region_start + block * probe.block_size for block, _ in batch])
             self.drain()
             with self._lock:
