@@ -11,14 +11,18 @@ import socket
 import ssl
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import bcrypt
 import pytest
 
+from volprobe.server import HEAD_DEADLINE_S
+
 from . import toolkit
-from .harness import volprobe_command
+from .harness import sample_value, volprobe_command
 from .pki import make_pki, openssl
+from .test_http import read_until_closed
 
 PASSWORD = "correct horse battery staple"
 
@@ -73,11 +77,12 @@ basic_auth_users:
     # Over bcrypt's 72 bytes: refused as any wrong password (bcrypt 5 raises on them), for a known user as for
     # an unknown one.
     assert https(port, pki, ("alice", "x" * 100)) == https(port, pki, ("mallory", "x" * 100)) == 401
-    # Plain HTTP to the TLS listener fails.
-    plain = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
-        plain.request("GET", "/metrics")
-        plain.getresponse()
+    # Plain HTTP to the TLS listener: the handshake fails on it, and the connection is closed unanswered at
+    # once (a server that hung would leave it open past the bound).
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as plain:
+        plain.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        reply, closed = read_until_closed(plain, within=2)
+    assert closed and not reply.startswith(b"HTTP/"), reply
     assert exporter.stop() == 0
     log = exporter.log()
     assert PASSWORD not in log and hashed not in log and "wrong" not in log
@@ -97,8 +102,15 @@ tls_server_config:
     )
     exporter = start_exporter("--web.config.file", config, "--config", empty_config(tmp_path), tls=True)
     assert https(exporter.port, pki, client_cert=True) == 200
-    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
-        https(exporter.port, pki, client_cert=False)
+    # Without one the server refuses the handshake with TLS 1.3's certificate_required alert, not a timeout.
+    # The client reads it before sending: a request sent meanwhile may meet the reset that follows the alert.
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    with (
+        socket.create_connection(("127.0.0.1", exporter.port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        pytest.raises(ssl.SSLError, match="CERTIFICATE_REQUIRED"),
+    ):
+        tls.recv(1)
     assert exporter.stop() == 0
 
 
@@ -117,6 +129,60 @@ def test_a_bad_web_config_exits_2_naming_the_key(tmp_path):
     assert result.returncode == 2
     assert "tls_server_config.cert_file" in result.stderr and "basic_auth_users.bob" in result.stderr
     assert "plaintext" not in result.stderr
+
+
+def test_a_handshake_trickled_a_byte_at_a_time_ends_at_the_head_deadline(pki, tmp_path, start_exporter):
+    """The TLS handshake counts in the first request's deadline (the old server gave it 10 s of its own)."""
+    config = web_config(
+        pki, tmp_path, "tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n"
+    )
+    exporter = start_exporter("--web.config.file", config, "--config", empty_config(tmp_path), tls=True)
+    with socket.create_connection(("127.0.0.1", exporter.port), timeout=10) as raw:
+        started = time.monotonic()
+        raw.sendall(b"\x16\x03\x01\x02\x00")  # a handshake record of 512 bytes to come: one every 0.5 s
+        closed = False
+        while not closed and time.monotonic() - started < HEAD_DEADLINE_S + 2:
+            try:
+                raw.sendall(b"\x01")
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+            else:
+                closed = read_until_closed(raw, within=0.5)[1]
+        seconds = time.monotonic() - started
+    assert closed and HEAD_DEADLINE_S - 0.5 < seconds < HEAD_DEADLINE_S + 1.5, seconds
+    assert https(exporter.port, pki) == 200
+    assert exporter.stop() == 0
+
+
+def test_a_web_config_that_does_not_reload_shows_in_its_reload_metric(tmp_path, start_exporter):
+    """volprobe_web_config_last_reload_successful: 0 while the file (replaced, as a renewal replaces files) does
+    not load and the previous configuration serves on, 1 again once it does; the success time moves only then.
+    Each scrape checks the files first, so the scrape after the change reports it."""
+    path = tmp_path / "web.yml"
+    good = "http_server_config:\n  headers: {X-Content-Type-Options: nosniff}\n"
+
+    def replace(text: str) -> None:
+        (tmp_path / "web.yml.new").write_text(text)
+        os.replace(tmp_path / "web.yml.new", path)
+
+    replace(good)
+    exporter = start_exporter("--web.config.file", str(path), "--config", empty_config(tmp_path))
+    samples = exporter.metrics()
+    assert sample_value(samples, "volprobe_web_config_last_reload_successful") == 1
+    loaded = sample_value(samples, "volprobe_web_config_last_reload_success_timestamp_seconds")
+    assert loaded is not None and abs(loaded - time.time()) < 60
+    replace("basic_auth_users: {bob: plaintext}\n")  # not a bcrypt hash: refused
+    samples = exporter.metrics()
+    assert sample_value(samples, "volprobe_web_config_last_reload_successful") == 0
+    with urllib.request.urlopen(exporter.url + "/metrics", timeout=10) as response:
+        assert response.headers["X-Content-Type-Options"] == "nosniff", "the previous configuration serves"
+    assert sample_value(samples, "volprobe_web_config_last_reload_success_timestamp_seconds") == loaded
+    assert "not reloaded" in exporter.log() and "basic_auth_users.bob" in exporter.log()
+    replace(good)
+    samples = exporter.metrics()
+    assert sample_value(samples, "volprobe_web_config_last_reload_successful") == 1
+    assert sample_value(samples, "volprobe_web_config_last_reload_success_timestamp_seconds") > loaded
+    assert exporter.stop() == 0
 
 
 def empty_config(directory: Path) -> str:

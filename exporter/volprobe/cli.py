@@ -146,7 +146,7 @@ def run_exporter(argv: Sequence[str]) -> int:
     host = _host(args)
     exporter = Exporter(config, host)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(VolprobeCollector(Sources(exporter, Path(args.procfs)), enabled_from_args(args)))
+    registry.register(VolprobeCollector(Sources(exporter, Path(args.procfs), web), enabled_from_args(args)))
     ProcessCollector(registry=registry, proc=args.procfs)
     PlatformCollector(registry=registry)
 

@@ -118,6 +118,18 @@ CONFIG_RELOAD_SUCCESS_TIME = MetricSpec(
     "Unix time of the last successful configuration load (start-up or reload).",
     (),
 )
+WEB_CONFIG_RELOAD_SUCCESSFUL = MetricSpec(
+    "volprobe_web_config_last_reload_successful",
+    "gauge",
+    "Whether the last reload of --web.config.file (or a file it names, as a certificate) succeeded.",
+    (),
+)
+WEB_CONFIG_RELOAD_SUCCESS_TIME = MetricSpec(
+    "volprobe_web_config_last_reload_success_timestamp_seconds",
+    "gauge",
+    "Unix time of the last successful load of --web.config.file (start-up or reload).",
+    (),
+)
 THREAD_RESTARTS = MetricSpec(
     "volprobe_thread_restarts",
     "counter",

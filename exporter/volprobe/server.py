@@ -3,6 +3,10 @@
 Connections are accepted plainly and, when TLS is configured, wrapped and handshaken in their own thread,
 so a slow or hostile client never holds up the accept loop, and renewed certificates apply to the next
 connection.
+
+What an unauthenticated client can make the server hold is bounded (issue 24): at most MAX_CONNECTIONS
+connections, each with a thread; each request head (request line and headers) within HEAD_MAX_BYTES, read by
+HEAD_DEADLINE_S; and no request body, ever (one announced is refused and the connection closed).
 """
 
 from __future__ import annotations
@@ -10,13 +14,16 @@ from __future__ import annotations
 import contextlib
 import gzip
 import html
+import io
 import logging
 import os
 import selectors
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -29,7 +36,24 @@ from .osthread import name_this_thread
 from .webconfig import TokenBucket, WebConfig, WebConfigWatcher, certificate_sans
 
 log = logging.getLogger(__name__)
-HANDSHAKE_TIMEOUT_S = 10.0
+
+# A connection's first request head must be in by HEAD_DEADLINE_S after it is accepted, the TLS handshake
+# included; a later one on a kept-alive connection may take REQUEST_TIMEOUT_S to begin (idle), then has
+# HEAD_DEADLINE_S. A scraper sends its head in one write, so seconds are ample on any network.
+HEAD_DEADLINE_S = 5.0
+# Request line plus headers. Prometheus sends well under 1 KiB; 32 KiB leaves room for a browser's cookies
+# behind a proxy (nginx's default allows 4 x 8 KiB). The stdlib bounds only each line (64 KiB) and the count (100).
+HEAD_MAX_BYTES = 32 * 1024
+# Connections served at once, each with a thread. Prometheus keeps one connection per server (two for an HA
+# pair), health checks and a person's curl add a few: 64 is ten times what is needed. What one costs before
+# any authentication: its head (up to HEAD_MAX_BYTES), the reader's 8 KiB buffer and a thread (8 MiB of stack
+# reserved, only the pages it touches resident): 45-50 KiB measured with a head at the cap, so about 3 MiB for
+# all 64 (tests/test_http.py holds 30 to at most 10 MiB), against the DaemonSet's 128 MiB. Beyond the cap a
+# connection is closed at once, unanswered and without a thread, and a scrape arriving then is refused too
+# (the scrape fails: up == 0). The trade-off: whoever holds 64 connections keeps scrapes out while it holds
+# them, but cannot take the memory or threads the probes need; and holding one takes work (a head within
+# HEAD_DEADLINE_S, then a request at least every REQUEST_TIMEOUT_S).
+MAX_CONNECTIONS = 64
 REQUEST_TIMEOUT_S = 30.0
 
 
@@ -112,6 +136,8 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         self._stopped = threading.Event()
         self._stopped.set()  # not serving yet: shutdown() has nothing to wait for
         self._bucket: TokenBucket | None = None  # rate_limit: one per listener, as in exporter-toolkit
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._refusal_logged = -60.0  # monotonic time of the last warning that the cap was reached
         super().__init__((host or "::", address[1]), _Handler)
 
     def serve_forever(self, poll_interval: float = 0.0) -> None:
@@ -167,7 +193,33 @@ class ExporterHTTPServer(ThreadingHTTPServer):
                 pass
         super().server_bind()
 
+    def process_request(self, request, client_address) -> None:  # type: ignore[override]
+        """A thread for the connection if fewer than MAX_CONNECTIONS are open; beyond, it is closed at once."""
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            now = time.monotonic()
+            if now - self._refusal_logged >= 60:  # once a minute at most: a flood must not flood the log too
+                self._refusal_logged = now
+                log.warning(
+                    "%d connections open, the most served at once: new ones are closed unanswered (from %s)",
+                    MAX_CONNECTIONS,
+                    client_address[0],
+                )
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: nothing else will give the slot back
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:  # type: ignore[override]
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
     def finish_request(self, request, client_address) -> None:  # type: ignore[override]
+        deadline = time.monotonic() + HEAD_DEADLINE_S  # for the first request's head, the handshake included
         config = self.web.current()
         connection = request
         # The headers and the body go out in two writes; with Nagle's algorithm the body's last segment would
@@ -175,7 +227,7 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         with contextlib.suppress(OSError):
             request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if config.tls is not None:
-            request.settimeout(HANDSHAKE_TIMEOUT_S)
+            request.settimeout(HEAD_DEADLINE_S)  # ssl bounds the whole handshake by it, not each read
             try:
                 connection = config.tls.wrap_socket(request, server_side=True)
             except (ssl.SSLError, OSError) as err:
@@ -188,7 +240,7 @@ class ExporterHTTPServer(ThreadingHTTPServer):
                 return
         try:
             connection.settimeout(REQUEST_TIMEOUT_S)
-            _Handler(connection, client_address, self)
+            _Handler(connection, client_address, self, deadline)
         finally:
             if connection is not request:
                 connection.close()
@@ -203,6 +255,29 @@ def _allowed(connection: ssl.SSLSocket, allowed: tuple[str, ...]) -> bool:
     return bool(certificate) and any(name in allowed for name in certificate_sans(certificate))
 
 
+class _HeadTooLarge(Exception):
+    """A request head over HEAD_MAX_BYTES."""
+
+
+class _DeadlineIO(socket.SocketIO):
+    """A connection's raw reads. While `deadline` is set (a request head is being read), each recv may wait only
+    until then: a socket timeout bounds each recv, not their sum, so a client sending a byte at a time would
+    otherwise be waited for without end."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        super().__init__(connection, "rb")
+        self.connection = connection
+        self.deadline: float | None = None
+
+    def readinto(self, buffer) -> int | None:  # type: ignore[override]
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request head was not in by its deadline")
+            self.connection.settimeout(left)
+        return super().readinto(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: ExporterHTTPServer
     server_version = f"volprobe/{__version__}"
@@ -210,6 +285,17 @@ class _Handler(BaseHTTPRequestHandler):
     # A request line that does not parse still gets a status line (the stdlib's default, HTTP/0.9, sends the
     # error page bare).
     default_request_version = "HTTP/1.0"
+
+    def __init__(self, request, client_address, server: ExporterHTTPServer, head_deadline: float) -> None:
+        self._head_deadline = head_deadline  # the first request's: set at accept
+        self._heads = 0  # request heads begun on this connection
+        super().__init__(request, client_address, server)  # serves the connection
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own reader: replaced by one that keeps the head's deadline
+        self._reader = _DeadlineIO(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
 
     def log_message(self, format: str, *args) -> None:
         log.debug("%s %s", self.address_string(), format % args)
@@ -228,7 +314,70 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle_one_request(self) -> None:
         self._config = None  # each request sees the web config as it is when it arrives, as exporter-toolkit's
-        super().handle_one_request()
+        try:
+            head = self._read_head()
+        except _HeadTooLarge:
+            self.requestline = self.request_version = self.command = ""  # as the stdlib has them for its 414
+            self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, explain=f"over {HEAD_MAX_BYTES} bytes")
+            return
+        if head is None:
+            self.close_connection = True
+            return
+        # The stdlib parses the head read here, from memory: the limits above bound what it reads.
+        reader, self.rfile = self.rfile, io.BytesIO(head)
+        try:
+            super().handle_one_request()
+        finally:
+            self.rfile = reader
+
+    def _read_head(self) -> bytes | None:
+        """The next request head, from request line to blank line. None when the connection is to close
+        unanswered: the client closed it, was idle past REQUEST_TIMEOUT_S, or missed the head's deadline."""
+        try:
+            if self._heads:  # kept alive: the next request may take the idle timeout to begin
+                if not self.rfile.peek(1):
+                    return None
+                self._head_deadline = time.monotonic() + HEAD_DEADLINE_S
+            self._heads += 1
+            self._reader.deadline = self._head_deadline
+            head = bytearray()
+            while True:
+                line = self.rfile.readline(HEAD_MAX_BYTES + 1 - len(head))
+                head += line
+                if len(head) > HEAD_MAX_BYTES:
+                    raise _HeadTooLarge
+                if not line.endswith(b"\n"):
+                    return None  # closed by the client mid-head
+                if line in (b"\r\n", b"\n"):  # the blank line that ends the head (or a blank request line)
+                    return bytes(head)
+        except TimeoutError:
+            log.debug("%s: no complete request head in time; connection closed", self.address_string())
+            return None
+        finally:
+            self._reader.deadline = None
+            self.connection.settimeout(REQUEST_TIMEOUT_S)  # for the response, and the idle wait after it
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        # No request here takes a body. One announced is refused and the connection closed, before the rate
+        # limit and authentication: left unread, its bytes would be taken for a next request, which a proxy
+        # pooling connections would then answer to someone else (request smuggling).
+        if self.headers.defects:  # a line that is no header: what it hides (a "Content-Length : 5") is unknown
+            self.send_error(HTTPStatus.BAD_REQUEST, explain="a header line is malformed")
+            return False
+        lengths = [value.strip() for value in self.headers.get_all("Content-Length", [])]
+        if not all(length.isascii() and length.isdigit() for length in lengths):
+            self.send_error(HTTPStatus.BAD_REQUEST, explain="Content-Length is not a number")
+            return False
+        if self.headers.get_all("Transfer-Encoding") or any(int(length) for length in lengths):
+            self.send_error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, explain="this server takes no request body")
+            return False
+        return True
+
+    def handle_expect_100(self) -> bool:
+        """No "100 Continue": a body is never read, and one announced is refused above with a final status."""
+        return True
 
     def _web(self) -> WebConfig:
         if self._config is None:

@@ -564,6 +564,10 @@ class WebConfigWatcher:
         if path:
             self._config = load(path)
             self._stamp = self._config.stamps
+        # Exported as volprobe_web_config_last_reload_*: a renewal that does not load (the old certificate
+        # serving on until it expires) shows at the next scrape, which checks the files first.
+        self.last_reload_successful = True
+        self.last_reload_success_time = time.time()  # the load at start-up (or, with no file, the defaults)
 
     @staticmethod
     def _now(stamps: tuple[tuple, ...]) -> tuple[tuple, ...]:
@@ -582,8 +586,11 @@ class WebConfigWatcher:
                         self._config = load(self.path)
                         self._auth_cache.clear()
                         self._stamp = self._config.stamps
+                        self.last_reload_successful = True
+                        self.last_reload_success_time = time.time()
                         log.info("reloaded web config %s and the files it names", self.path)
                     except ConfigError as err:
+                        self.last_reload_successful = False
                         log.error("web config %s not reloaded, keeping the previous one: %s", self.path, err)
         return self._config
 

@@ -26,6 +26,7 @@ from ..probe import TIMER
 
 if TYPE_CHECKING:
     from ..runtime import Exporter
+    from ..webconfig import WebConfigWatcher
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class Sources:
 
     exporter: Exporter
     proc_root: Path = Path("/proc")
+    web: WebConfigWatcher | None = None  # the web config's reload outcome, exported when given
 
 
 class Collector(Protocol):
@@ -110,6 +112,13 @@ class VolprobeCollector(PrometheusCollector):
         reload_time = metrics.CONFIG_RELOAD_SUCCESS_TIME.family()
         reload_time.add_metric([], exporter.last_reload_success_time)
         yield reload_time
+        if self.sources.web is not None:
+            web_ok = metrics.WEB_CONFIG_RELOAD_SUCCESSFUL.family()
+            web_ok.add_metric([], 1.0 if self.sources.web.last_reload_successful else 0.0)
+            yield web_ok
+            web_time = metrics.WEB_CONFIG_RELOAD_SUCCESS_TIME.family()
+            web_time.add_metric([], self.sources.web.last_reload_success_time)
+            yield web_time
         success = metrics.SCRAPE_SUCCESS.family()
         duration = metrics.SCRAPE_DURATION.family()
         for name, part in self.parts:
