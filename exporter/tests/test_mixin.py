@@ -91,6 +91,8 @@ def test_every_alert_has_severity_summary_description_runbook_and_a_unit_test():
         "VolprobeWarmupStalled",
         "VolprobeWarmupFailed",
         "VolprobeConfigReloadFailed",
+        "VolprobeWebConfigReloadFailed",
+        "VolprobeThreadRestarting",
     }
     assert set(alerts) == expected
     runbook = (REPO / "alerts" / "runbook.md").read_text()
@@ -104,6 +106,7 @@ def test_every_alert_has_severity_summary_description_runbook_and_a_unit_test():
             "VolprobeWarmupStalled",
             "VolprobeWarmupFailed",
             "VolprobeConfigReloadFailed",
+            "VolprobeWebConfigReloadFailed",
         )
         assert annotations["runbook_url"].endswith(f"#{name.lower()}")
         assert f"\n## {name}\n" in runbook, f"no runbook section for {name}"

@@ -42,7 +42,10 @@ class MixinConfig:
     stall_threshold: str = "30s"
     stall_for: str = "0s"
     errors_for: str = "1m"
-    reload_failed_for: str = "10m"
+    reload_failed_for: str = "10m"  # the configuration's reload, and the web config's
+    # A thread restart is seen for this window after it; failing again within it keeps one alert (see rules.py).
+    thread_restart_window: str = "1h"
+    thread_restart_for: str = "0s"
     missing_window: str = "15m"
     missing_for: str = "5m"
     exporter_down_for: str = "5m"

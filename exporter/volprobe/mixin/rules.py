@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from .. import metrics, units
+from .. import metrics, supervise, units
 from . import MixinConfig
 
 # Every exported name comes from its declaration in volprobe.metrics, so a rename there reaches the rules.
@@ -262,6 +262,45 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             "volprobe's configuration reload failed.",
             f"The last configuration reload of volprobe on {{{{ $labels.instance }}}} failed (for {c.reload_failed_for} "
             f"or more): it runs the previous configuration, and a restart would fail to start.",
+        )
+    )
+    # The web config is re-read when it or a file it names changes, at the next connection. A renewal caught
+    # half way (a certificate before its key) fails once and loads at the next: reload_failed_for rides it out.
+    rules.append(
+        _alert(
+            c,
+            "VolprobeWebConfigReloadFailed",
+            f"{metrics.WEB_CONFIG_RELOAD_SUCCESSFUL.name}{{{sel}}} == 0",
+            c.reload_failed_for,
+            "warning",
+            "volprobe's web config changed on disk but did not load.",
+            f"The web config of volprobe on {{{{ $labels.instance }}}} (TLS certificate, key, CA, basic auth users) "
+            f"changed on disk but has not loaded (for {c.reload_failed_for} or more): the previous one serves on, so "
+            f"a renewed certificate that fails to load goes unseen until the old one expires.",
+        )
+    )
+    # One crash is a fact, not a noisy reading: the counter steps once, its increase is > 0 for the whole window,
+    # and a `for` (thread_restart_for, 0s) would only delay it. The window (thread_restart_window, 1h) is what
+    # keeps the alert from flapping: a thread failing again within it keeps the one alert firing, whether it
+    # fails at once (a restart every 60 s, the back-off's cap) or only when its work comes round (a probe with a
+    # long interval, a rescan after a udev event); a single crash resolves an hour later. Every thread's series
+    # is at 0 from the start, so the first crash is an increase; volprobe's own restart (a reset to 0) is not.
+    # Summed by thread as the other alerts sum: it carries cluster, job, instance and thread, not what else a
+    # scrape adds (a pod's name).
+    rules.append(
+        _alert(
+            c,
+            "VolprobeThreadRestarting",
+            f"sum by ({BY_INSTANCE}, thread) "
+            f"(increase({metrics.THREAD_RESTARTS.total}{{{sel}}}[{c.thread_restart_window}])) > 0",
+            c.thread_restart_for,
+            "warning",
+            "An internal thread of volprobe raised and was restarted.",
+            "volprobe's {{ $labels.thread }} thread on {{ $labels.instance }} raised and was restarted "
+            f'(restarts in the last {c.thread_restart_window}: {{{{ $value | printf "%.0f" }}}}): a bug, or an '
+            "environment volprobe did not expect. Its work stops until it restarts (after "
+            f"{supervise.FIRST_BACKOFF_S:g} s, doubling to {supervise.MAX_BACKOFF_S:g} s); "
+            'the exporter\'s log has the traceback (search for "failed; restarting").',
         )
     )
     done = metrics.WARMUP_DONE.name
