@@ -177,6 +177,15 @@ def parse_metrics(text: str) -> Samples:
     return samples
 
 
+def probes_done(samples: Samples, target: str, op: str = "read") -> float:
+    """Probes a target's `op` completed, all touches together (the latency histogram's count)."""
+    return sum(
+        v
+        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
+        if labels["target"] == target and labels["op"] == op
+    )
+
+
 def sample_value(samples: Samples, name: str, **labels: str) -> float | None:
     """The value of the first sample `name` whose labels include `labels`, or None."""
     for found, value in samples.get(name, []):

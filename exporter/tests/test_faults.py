@@ -9,17 +9,9 @@ import pytest
 
 from volprobe.stats import RELATIVE_ERROR
 
-from .harness import MIB, sample_value, write_config
+from .harness import MIB, probes_done, sample_value, write_config
 
 pytestmark = pytest.mark.root
-
-
-def count(samples, target: str, op: str = "read") -> float:
-    return sum(
-        v
-        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
-        if labels["target"] == target and labels["op"] == op
-    )
 
 
 # CI's short version; the full minute of issue 13: VOLPROBE_TEST_STALL_S=60 pytest -k stalled_device
@@ -40,11 +32,11 @@ targets:
 """,
     )
     exporter = start_exporter("--config", config)
-    exporter.wait_for(lambda s: count(s, "stalling") >= 5, what="probes on the stalling volume")
+    exporter.wait_for(lambda s: probes_done(s, "stalling") >= 5, what="probes on the stalling volume")
     stall_started = time.monotonic()
     stalling.set(stall=True)
     time.sleep(0.5)
-    healthy_before = count(exporter.metrics(), "healthy")
+    healthy_before = probes_done(exporter.metrics(), "healthy")
     slowest = 0.0
     while time.monotonic() - stall_started < STALL_S:  # scrapes every half second while a probe hangs
         start = time.monotonic()
@@ -55,11 +47,15 @@ targets:
         assert start - stall_started - 1.0 <= age <= time.monotonic() - stall_started, age
         time.sleep(0.5)
     assert slowest < 1.0, f"a scrape took {slowest:.2f}s while a device was stalled"
-    assert count(samples, "healthy") > healthy_before + 0.8 * (STALL_S - 1) / 0.1, "the healthy target kept its pace"
-    stalled_count = count(samples, "stalling")
+    assert probes_done(samples, "healthy") > healthy_before + 0.8 * (STALL_S - 1) / 0.1, (
+        "the healthy target kept its pace"
+    )
+    stalled_count = probes_done(samples, "stalling")
     stalling.set(stall=False)
     stalled_for = time.monotonic() - stall_started
-    samples = exporter.wait_for(lambda s: count(s, "stalling") > stalled_count, what="the stalled probe to finish")
+    samples = exporter.wait_for(
+        lambda s: probes_done(s, "stalling") > stalled_count, what="the stalled probe to finish"
+    )
     assert sample_value(samples, "volprobe_probe_inflight_seconds", target="stalling", op="read") < 1
 
     # The stalled probe is recorded with its true latency: above 5 s, and no longer than the stall lasted (a loaded
@@ -71,7 +67,7 @@ targets:
             if labels["target"] == "stalling" and float(labels["le"]) == bound
         )
 
-    assert count(samples, "stalling") - observed_up_to(5.0) == 1, "one probe took more than 5 s"
+    assert probes_done(samples, "stalling") - observed_up_to(5.0) == 1, "one probe took more than 5 s"
     # Its latency, exact to 0.78% (the recent p99.9 of fewer than 1000 probes is the slowest of them).
     slowest = max(
         v
@@ -83,10 +79,10 @@ targets:
     )
     assert sample_value(samples, "volprobe_probe_missed_total", target="stalling") >= 0.8 * STALL_S / 0.1
     # No burst replays the missed slots: after the release, probes go on at their own pace (10/s).
-    resumed, started = count(samples, "stalling"), time.monotonic()
+    resumed, started = probes_done(samples, "stalling"), time.monotonic()
     time.sleep(2)
     later = exporter.metrics()
-    assert count(later, "stalling") - resumed <= (time.monotonic() - started) / 0.1 + 3
+    assert probes_done(later, "stalling") - resumed <= (time.monotonic() - started) / 0.1 + 3
     assert exporter.stop() == 0
 
 
@@ -100,7 +96,7 @@ targets: [{{name: flaky, device: {volume.device}, probes: [{{op: read, interval:
 """,
     )
     exporter = start_exporter("--config", config)
-    exporter.wait_for(lambda s: count(s, "flaky") >= 3, what="first samples")
+    exporter.wait_for(lambda s: probes_done(s, "flaky") >= 3, what="first samples")
     volume.set(fail_reads=1.0)
     samples = exporter.wait_for(
         lambda s: (sample_value(s, "volprobe_probe_errors_total", target="flaky", errno="EIO") or 0) >= 3,
@@ -110,9 +106,9 @@ targets: [{{name: flaky, device: {volume.device}, probes: [{{op: read, interval:
     time.sleep(2)
     later = sample_value(exporter.metrics(), "volprobe_probe_errors_total", target="flaky", errno="EIO")
     assert later - errors < 10, "the worker backs off instead of hammering a failing device"
-    before = count(exporter.metrics(), "flaky")
+    before = probes_done(exporter.metrics(), "flaky")
     volume.set(fail_reads=0.0)
-    exporter.wait_for(lambda s: count(s, "flaky") > before + 3, timeout=45, what="recovery after the errors stop")
+    exporter.wait_for(lambda s: probes_done(s, "flaky") > before + 3, timeout=45, what="recovery after the errors stop")
     assert exporter.process.poll() is None
     assert exporter.stop() == 0
 
@@ -128,7 +124,7 @@ targets: [{{name: gone, device: {volume.device}, probes: [{{op: read, interval: 
 """,
     )
     exporter = start_exporter("--config", config)
-    exporter.wait_for(lambda s: count(s, "gone") >= 3, what="first samples")
+    exporter.wait_for(lambda s: probes_done(s, "gone") >= 3, what="first samples")
     lab.down(volume.name)
     samples = exporter.wait_for(
         lambda s: (sample_value(s, "volprobe_probe_failures_total", target="gone") or 0) > 0,
@@ -162,7 +158,7 @@ targets: [{{name: slow, device: {volume.device}, probes: [{{op: read, interval: 
 """,
     )
     exporter = start_exporter("--config", config)
-    samples = exporter.wait_for(lambda s: count(s, "slow") >= 100, what="100 probes")
+    samples = exporter.wait_for(lambda s: probes_done(s, "slow") >= 100, what="100 probes")
     p50 = sample_value(samples, "volprobe_probe_latency_recent_seconds", target="slow", touch="first", quantile="0.5")
     assert 0.9 < p50 / fio_p50 < 1.1, (p50, fio_p50)
     assert exporter.stop() == 0

@@ -12,17 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MIB, run, sample_value, volprobe_command, write_config
+from .harness import MIB, probes_done, run, sample_value, volprobe_command, write_config
 
 pytestmark = pytest.mark.root
-
-
-def count(samples, target: str, op: str) -> float:
-    return sum(
-        v
-        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
-        if labels["target"] == target and labels["op"] == op
-    )
 
 
 def failures(samples, target: str, op: str) -> float:
@@ -45,19 +37,19 @@ def test_a_filesystem_gone_read_only_fails_writes_until_repaired(tmp_path, make_
             f"probes: [{{op: write, interval: 50ms}}, {{op: read, interval: 50ms}}]}}]\n",
         )
         exporter = start_exporter("--config", config)
-        exporter.wait_for(lambda s: count(s, "data", "write") >= 10, what="writes")
+        exporter.wait_for(lambda s: probes_done(s, "data", "write") >= 10, what="writes")
         (Path("/sys/fs/ext4") / os.path.basename(device) / "trigger_fs_error").write_text("volprobe test")
         samples = exporter.wait_for(lambda s: failures(s, "data", "write") >= 1, what="failed writes")
         errnos = {labels["errno"] for labels, v in samples["volprobe_probe_errors_total"] if v > 0}
         assert errnos == {"EROFS"}, errnos
-        reads = count(samples, "data", "read")
-        exporter.wait_for(lambda s: count(s, "data", "read") > reads + 5, what="reads to go on")
+        reads = probes_done(samples, "data", "read")
+        exporter.wait_for(lambda s: probes_done(s, "data", "read") > reads + 5, what="reads to go on")
         run("umount", str(data))  # possible only because volprobe let go of the probe file
         run("e2fsck", "-f", "-y", device)
         run("mount", "-o", "errors=remount-ro", device, str(data))
-        written = count(exporter.metrics(), "data", "write")
+        written = probes_done(exporter.metrics(), "data", "write")
         # The back-off is at most 30 s; then writes go to the same probe file again.
-        exporter.wait_for(lambda s: count(s, "data", "write") > written, timeout=45, what="writes to resume")
+        exporter.wait_for(lambda s: probes_done(s, "data", "write") > written, timeout=45, what="writes to resume")
         assert exporter.stop() == 0
     finally:
         subprocess.run(["umount", str(data)], capture_output=True)
@@ -68,14 +60,14 @@ def test_a_device_detached_and_attached_again_under_its_name_is_probed_again(tmp
     backing = run("losetup", "--noheadings", "--output", "BACK-FILE", loop).stdout.strip()
     config = write_config(tmp_path, f"targets: [{{name: a, device: {loop}, probes: [{{op: read, interval: 50ms}}]}}]\n")
     exporter = start_exporter("--config", config)
-    exporter.wait_for(lambda s: count(s, "a", "read") >= 10, what="reads")
+    exporter.wait_for(lambda s: probes_done(s, "a", "read") >= 10, what="reads")
     run("losetup", "--detach", loop)
     try:
         exporter.wait_for(lambda s: failures(s, "a", "read") >= 1, what="failures of the detached device")
     finally:
         run("losetup", "--direct-io=on", loop, backing)  # the same name again
-    done = count(exporter.metrics(), "a", "read")
-    samples = exporter.wait_for(lambda s: count(s, "a", "read") >= done + 5, timeout=40, what="reads to resume")
+    done = probes_done(exporter.metrics(), "a", "read")
+    samples = exporter.wait_for(lambda s: probes_done(s, "a", "read") >= done + 5, timeout=40, what="reads to resume")
     assert sample_value(samples, "volprobe_target_info", target="a") == 1
     assert exporter.stop() == 0
 
@@ -126,7 +118,7 @@ def test_a_reload_onto_a_full_filesystem_is_rejected_and_the_rest_keeps_serving(
     config = tmp_path / "volprobe.yml"
     config.write_text(good)
     exporter = start_exporter("--config", str(config))
-    exporter.wait_for(lambda s: count(s, "a", "read") >= 5, what="reads")
+    exporter.wait_for(lambda s: probes_done(s, "a", "read") >= 5, what="reads")
     config.write_text(good + f"  - {{name: full, directory: {small}, probe_file_size: 16MiB}}\n")
     exporter.process.send_signal(signal.SIGHUP)
     samples = exporter.wait_for(
@@ -135,8 +127,8 @@ def test_a_reload_onto_a_full_filesystem_is_rejected_and_the_rest_keeps_serving(
     assert "targets[1].directory: cannot prepare the probe file" in exporter.log()
     assert "bytes free; the probe file needs" in exporter.log()
     assert not os.path.exists(os.path.join(small, ".volprobe-probe"))
-    done = count(samples, "a", "read")
-    exporter.wait_for(lambda s: count(s, "a", "read") > done + 5, what="the running target to keep probing")
+    done = probes_done(samples, "a", "read")
+    exporter.wait_for(lambda s: probes_done(s, "a", "read") > done + 5, what="the running target to keep probing")
     assert exporter.stop() == 0
 
 
@@ -188,7 +180,7 @@ def test_enospc_in_the_middle_of_making_a_probe_file_is_rejected_cleanly_then_re
     config = tmp_path / "volprobe.yml"
     config.write_text(good)
     exporter = start_exporter("--config", str(config))
-    exporter.wait_for(lambda s: count(s, "a", "read") >= 5, what="reads")
+    exporter.wait_for(lambda s: probes_done(s, "a", "read") >= 5, what="reads")
 
     problems: list[BaseException] = []
     filler = threading.Thread(target=fill_when_created, args=(data, problems))
@@ -202,12 +194,12 @@ def test_enospc_in_the_middle_of_making_a_probe_file_is_rejected_cleanly_then_re
     assert not filler.is_alive() and not problems, problems
     assert "targets[1].directory: cannot prepare the probe file: [Errno 28] No space left on device" in exporter.log()
     assert not [name for name in os.listdir(data) if name.startswith(".volprobe-probe")], os.listdir(data)
-    done = count(samples, "a", "read")
-    exporter.wait_for(lambda s: count(s, "a", "read") > done + 5, what="the running target to keep probing")
+    done = probes_done(samples, "a", "read")
+    exporter.wait_for(lambda s: probes_done(s, "a", "read") > done + 5, what="the running target to keep probing")
 
     os.unlink(os.path.join(data, "grower"))
     exporter.reload(config, grown)
-    exporter.wait_for(lambda s: count(s, "grown", "write") >= 5, timeout=60, what="write probes in the new file")
+    exporter.wait_for(lambda s: probes_done(s, "grown", "write") >= 5, timeout=60, what="write probes in the new file")
     assert os.path.getsize(os.path.join(data, ".volprobe-probe")) == 160 * MIB
     assert sample_value(exporter.metrics(), "volprobe_config_last_reload_successful") == 1
     assert exporter.stop() == 0

@@ -19,19 +19,11 @@ from volprobe.config import PROBE_FILE_NAME, load
 from volprobe.discovery import Host
 from volprobe.safety import Refused
 
-from .harness import MIB, run, sample_value, sha256_of, write_config
+from .harness import MIB, probes_done, run, sample_value, sha256_of, write_config
 
 pytestmark = pytest.mark.root
 
 ATTACKER = 1000  # the uid owning the probe directory, as postgres owns /var/lib/postgresql
-
-
-def count(samples, target: str, op: str) -> float:
-    return sum(
-        v
-        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
-        if labels["target"] == target and labels["op"] == op
-    )
 
 
 def errors(samples, target: str, name: str) -> float:
@@ -68,7 +60,7 @@ def test_a_probe_file_swapped_for_a_symlink_across_an_fsck_is_never_written_thro
             f"probes: [{{op: write, interval: 20ms, block_size: 64KiB}}]}}]\n",
         )
         exporter = start_exporter("--config", config)
-        exporter.wait_for(lambda s: count(s, "data", "write") >= 10, what="writes")
+        exporter.wait_for(lambda s: probes_done(s, "data", "write") >= 10, what="writes")
         (Path("/sys/fs/ext4") / os.path.basename(device) / "trigger_fs_error").write_text("volprobe test")
         exporter.wait_for(lambda s: errors(s, "data", "EROFS") >= 1, what="EROFS")
         run("umount", str(mount))  # possible only because volprobe let go of the file and the directory
@@ -77,15 +69,15 @@ def test_a_probe_file_swapped_for_a_symlink_across_an_fsck_is_never_written_thro
         run("mount", "-o", "errors=remount-ro", device, str(mount))
         os.unlink(data / PROBE_FILE_NAME)
         os.symlink(victim, data / PROBE_FILE_NAME)
-        written = count(exporter.metrics(), "data", "write")
+        written = probes_done(exporter.metrics(), "data", "write")
         # The reopen comes within the back-off (at most 30 s): refused, or (the attack) written through.
         samples = exporter.wait_for(
-            lambda s: errors(s, "data", "REFUSED") >= 1 or count(s, "data", "write") > written,
+            lambda s: errors(s, "data", "REFUSED") >= 1 or probes_done(s, "data", "write") > written,
             timeout=45,
             what="the reopen",
         )
         assert sha256_of(str(victim)) == before, "the probe wrote through the symlink into another file"
-        assert count(samples, "data", "write") == written
+        assert probes_done(samples, "data", "write") == written
         assert "is a symbolic link; refusing to follow it" in exporter.log()
         assert exporter.stop() == 0
         assert sha256_of(str(victim)) == before

@@ -10,17 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MIB, attach_loop, run, sample_value
+from .harness import MIB, attach_loop, probes_done, run, sample_value
 
 pytestmark = pytest.mark.root
-
-
-def count(samples, target: str, op: str = "read") -> float:
-    return sum(
-        v
-        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
-        if labels["target"] == target and labels["op"] == op
-    )
 
 
 def targets(samples) -> set[str]:
@@ -40,7 +32,7 @@ targets:
   - {{name: dropped, device: {b}, probes: [{{op: read, interval: 50ms}}]}}
 """)
     exporter = start_exporter("--config", str(config))
-    exporter.wait_for(lambda s: count(s, "kept") >= 60 and count(s, "dropped") >= 1, what="samples")
+    exporter.wait_for(lambda s: probes_done(s, "kept") >= 60 and probes_done(s, "dropped") >= 1, what="samples")
     # The kept target moves to another place in the file: same configuration, so the same probe.
     config.write_text(f"""
 targets:
@@ -48,9 +40,9 @@ targets:
   - {{name: kept, device: {a}, probes: [{{op: read, interval: 50ms}}]}}
 """)
     started = time.monotonic()
-    before = count(exporter.metrics(), "kept")
+    before = probes_done(exporter.metrics(), "kept")
     exporter.process.send_signal(signal.SIGHUP)
-    after = exporter.wait_for(lambda s: "added" in targets(s) and count(s, "added") >= 1, what="the added target")
+    after = exporter.wait_for(lambda s: "added" in targets(s) and probes_done(s, "added") >= 1, what="the added target")
     elapsed = time.monotonic() - started
     assert "dropped" not in targets(after)
     assert not any(labels["target"] == "dropped" for labels, _ in after["volprobe_probe_latency_seconds_count"])
@@ -60,7 +52,7 @@ targets:
     # and its growth staying within that bound shows one probe (not the old and a new one) feeds it.
     most = elapsed / 0.05 + 2
     assert most < before, f"the reload took {elapsed:.1f} s: too long to tell a kept histogram from a regrown one"
-    kept = count(after, "kept")
+    kept = probes_done(after, "kept")
     assert before <= kept <= before + most, f"kept target: {before} probes before the reload, {kept} after"
     assert "configuration reloaded: 1 kept, 1 added, 1 removed" in exporter.log()
     assert exporter.stop() == 0
@@ -71,16 +63,16 @@ def test_a_bad_new_config_is_rejected_and_the_old_one_kept(tmp_path, make_loop, 
     config = tmp_path / "volprobe.yml"
     config.write_text(f"targets: [{{name: a, device: {a}, probes: [{{op: read, interval: 50ms}}]}}]\n")
     exporter = start_exporter("--config", str(config))
-    exporter.wait_for(lambda s: count(s, "a") >= 5, what="samples")
+    exporter.wait_for(lambda s: probes_done(s, "a") >= 5, what="samples")
     config.write_text(f"targets: [{{name: a, device: {a}, probes: [{{op: read, intervall: 50ms}}]}}]\n")
     exporter.process.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 10
     while "rejected" not in exporter.log() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "targets[0].probes[0].intervall: unknown key" in exporter.log()
-    before = count(exporter.metrics(), "a")
+    before = probes_done(exporter.metrics(), "a")
     time.sleep(1)
-    assert count(exporter.metrics(), "a") > before + 5, "the running configuration keeps probing"
+    assert probes_done(exporter.metrics(), "a") > before + 5, "the running configuration keeps probing"
     assert exporter.process.poll() is None
     assert exporter.stop() == 0
 
@@ -104,7 +96,7 @@ discovery:
     loop = attach_loop(["--direct-io=on"], backing)
     name = os.path.basename(loop)
     try:
-        exporter.wait_for(lambda s: count(s, name) >= 1, timeout=15, what=f"probes of the new {name}")
+        exporter.wait_for(lambda s: probes_done(s, name) >= 1, timeout=15, what=f"probes of the new {name}")
         assert time.monotonic() - attached < 10, "a new device is probed within 10 s"
         assert threads(exporter.process.pid) > baseline_threads
     finally:
@@ -140,7 +132,9 @@ targets:
     config.write_text(before_text)
     exporter = start_exporter("--config", str(config))
     exporter.wait_for(
-        lambda s: count(s, "moved") >= 5 and (sample_value(s, "volprobe_warmup_done_bytes", target="kept") or 0) > 0,
+        lambda s: (
+            probes_done(s, "moved") >= 5 and (sample_value(s, "volprobe_warmup_done_bytes", target="kept") or 0) > 0
+        ),
         what="probes and the warm-up",
     )
     holder = os.open(busy, os.O_RDONLY | os.O_EXCL)  # resolve() finds it blank and unclaimed; the open fails
@@ -163,7 +157,7 @@ targets:
     assert re.search(r"targets\[2\]\.probes\[0\]: cannot open .*(busy|Device or resource busy)", exporter.log())
     assert sample_value(after, "volprobe_limit_ops_per_second", target="kept", device=os.path.basename(kept)) == 500
     assert sample_value(after, "volprobe_probe_interval_seconds", target="moved", op="read") == 0.05
-    assert count(after, "moved") >= count(before, "moved"), "the counters of a target that stayed went back"
+    assert probes_done(after, "moved") >= probes_done(before, "moved"), "the counters of a target that stayed went back"
     assert "new" not in targets(after)
     # The kept target's warm-up goes on at its old rate; a warm-up stopped for the new settings would stand still.
     done = sample_value(after, "volprobe_warmup_done_bytes", target="kept")

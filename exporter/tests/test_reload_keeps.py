@@ -11,17 +11,9 @@ import urllib.request
 
 import pytest
 
-from .harness import MIB, parse_metrics, sample_value, volprobe_command
+from .harness import MIB, parse_metrics, probes_done, sample_value, volprobe_command
 
 pytestmark = pytest.mark.root
-
-
-def count(samples, target: str, op: str = "read") -> float:
-    return sum(
-        v
-        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
-        if labels["target"] == target and labels["op"] == op
-    )
 
 
 def reload_and_wait(exporter, config, text: str) -> None:
@@ -54,15 +46,17 @@ discovery:
     config.write_text(base)
     exporter = start_exporter("--config", str(config))
     samples = exporter.wait_for(
-        lambda s: count(s, "explicit") >= 20 and count(s, found_name) >= 20, what="both probes running"
+        lambda s: probes_done(s, "explicit") >= 20 and probes_done(s, found_name) >= 20, what="both probes running"
     )
     for section, text in variants.items():
-        before = {name: count(samples, name) for name in ("explicit", found_name)}
+        before = {name: probes_done(samples, name) for name in ("explicit", found_name)}
         reload_and_wait(exporter, config, text)
         samples = exporter.metrics()
         for name, value in before.items():
             # A restarted probe starts again from 0 and cannot have regrown to its old count this soon.
-            assert count(samples, name) >= value, f"reloading {section} restarted {name}:\n{exporter.log()[-2000:]}"
+            assert probes_done(samples, name) >= value, (
+                f"reloading {section} restarted {name}:\n{exporter.log()[-2000:]}"
+            )
     assert "stopped probing" not in exporter.log()
     assert exporter.stop() == 0
 
@@ -74,14 +68,14 @@ def test_a_changed_discovery_probe_restarts_and_names_the_key(tmp_path, make_loo
     config = tmp_path / "volprobe.yml"
     config.write_text(text)
     exporter = start_exporter("--config", str(config))
-    exporter.wait_for(lambda s: count(s, name) >= 10, what="the discovered probe")
+    exporter.wait_for(lambda s: probes_done(s, name) >= 10, what="the discovered probe")
     reload_and_wait(exporter, config, text.replace("interval: 50ms", "interval: 40ms"))
     deadline = time.monotonic() + 10
     while f"discovered {name}" not in exporter.log().split("configuration reloaded")[-1]:
         assert time.monotonic() < deadline, exporter.log()[-2000:]
         time.sleep(0.1)
     assert f"stopped probing {name} ({found}): probes[0].interval: 0.05 -> 0.04" in exporter.log()
-    samples = exporter.wait_for(lambda s: count(s, name) >= 1, what="the restarted probe")
+    samples = exporter.wait_for(lambda s: probes_done(s, name) >= 1, what="the restarted probe")
     info = [labels for labels, _ in samples["volprobe_probe_info"] if labels["target"] == name]
     assert [labels["interval"] for labels in info] == ["0.04s"]
     assert exporter.stop() == 0
@@ -121,7 +115,7 @@ def test_discovery_patterns_that_match_nothing_are_reported(tmp_path, make_loop,
     assert "discovery.include[1] '^loop': no device now (patterns match whole kernel names)" in checked.stdout
     assert "discovery.exclude[0] 'nothing': no device now" in checked.stdout
     exporter = start_exporter("--config", str(config))
-    exporter.wait_for(lambda s: count(s, name) >= 1, what="the discovered probe")
+    exporter.wait_for(lambda s: probes_done(s, name) >= 1, what="the discovered probe")
     log = exporter.log()
     assert "discovery.include[1] '^loop' matches no device now" in log
     assert "discovery.include[2] 'loop' matches no device now" in log
@@ -138,13 +132,13 @@ def test_a_changed_web_config_restarts_no_probe(tmp_path, make_loop, start_expor
     config = tmp_path / "volprobe.yml"
     config.write_text(f"targets: [{{name: a, device: {loop}, probes: [{{op: read, interval: 50ms}}]}}]\n")
     exporter = start_exporter("--config", str(config), "--web.config.file", str(web))
-    samples = exporter.wait_for(lambda s: count(s, "a") >= 20, what="probes")
-    before = count(samples, "a")
+    samples = exporter.wait_for(lambda s: probes_done(s, "a") >= 20, what="probes")
+    before = probes_done(samples, "a")
     web.write_text("http_server_config: {headers: {X-Frame-Options: sameorigin}}\n")  # applies to the next request
     with urllib.request.urlopen(exporter.url + "/metrics", timeout=10) as response:
         assert response.headers["X-Frame-Options"] == "sameorigin"
-        assert count(parse_metrics(response.read().decode()), "a") >= before
+        assert probes_done(parse_metrics(response.read().decode()), "a") >= before
     reload_and_wait(exporter, config, config.read_text())  # and a SIGHUP with it
-    assert count(exporter.metrics(), "a") >= before
+    assert probes_done(exporter.metrics(), "a") >= before
     assert "stopped probing" not in exporter.log()
     assert exporter.stop() == 0
