@@ -111,10 +111,16 @@ def start_exporter(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
     running: list[RunningExporter] = []
 
     def start(
-        *args: str, ready_timeout: float = 30.0, tls: bool = False, env: dict[str, str] | None = None
+        *args: str,
+        ready_timeout: float = 30.0,
+        tls: bool = False,
+        env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
     ) -> RunningExporter:
         log_path = tmp_path / f"exporter-{len(running)}.log"
-        exporter = harness.start_volprobe(*args, log_path=log_path, ready_timeout=ready_timeout, tls=tls, env=env)
+        exporter = harness.start_volprobe(
+            *args, log_path=log_path, ready_timeout=ready_timeout, tls=tls, env=env, prefix=prefix
+        )
         running.append(exporter)
         return exporter
 

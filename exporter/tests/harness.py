@@ -280,15 +280,20 @@ class RunningExporter:
 
 
 def start_volprobe(
-    *args: str, log_path: Path, ready_timeout: float = 30.0, tls: bool = False, env: dict[str, str] | None = None
+    *args: str,
+    log_path: Path,
+    ready_timeout: float = 30.0,
+    tls: bool = False,
+    env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> RunningExporter:
     """Run `volprobe ARGS` on a free loopback port (output to `log_path`) until /-/ready answers; with tls,
     until the port accepts connections (readiness over plain HTTP is not possible). `env` adds to the
-    environment."""
+    environment; `prefix` runs the command under another (setpriv, say)."""
     port = free_port()
     log_file = open(log_path, "w")  # noqa: SIM115 - closed by stop() or kill()
     process = subprocess.Popen(
-        volprobe_command("--web.listen-address", f"127.0.0.1:{port}", *args),
+        [*prefix, *volprobe_command("--web.listen-address", f"127.0.0.1:{port}", *args)],
         stdout=log_file,
         stderr=subprocess.STDOUT,
         cwd=REPO,

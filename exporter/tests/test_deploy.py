@@ -192,3 +192,77 @@ def test_the_aws_nvme_stats_component_runs_the_container_as_root_with_sys_admin_
     kubernetes_validate = Path(sys.executable).parent / "kubernetes-validate"
     result = subprocess.run([str(kubernetes_validate), "--strict", str(manifest)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# What the DaemonSet's processes may do, as setpriv says it: the init step is root with CAP_CHOWN alone; the
+# exporter is nobody in group disk. The exporter keeps CAP_DAC_READ_SEARCH only so that it can reach this
+# machine's interpreter and test files (under /root and pytest's 0700 directories): it can read, never write,
+# where nobody could not, so the state directory it writes must really be nobody's.
+INIT_STEP = ("setpriv", "--inh-caps=-all,+chown", "--ambient-caps=-all,+chown", "--bounding-set=-all,+chown", "--")
+NOBODY_IN_DISK = (
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--groups=6",
+    "--inh-caps=-all,+dac_read_search",
+    "--ambient-caps=-all,+dac_read_search",
+    "--bounding-set=-all,+dac_read_search",
+    "--",
+)
+
+
+def _state_status(samples) -> set[str]:
+    return {labels["status"] for labels, value in samples.get("volprobe_state_status", []) if value == 1}
+
+
+@pytest.mark.root
+def test_state_survives_a_pod_restart_on_the_kubelets_layout(tmp_path, make_loop, start_exporter):
+    """As the kubelet does: the hostPath state directory created root-owned, 0755; then the init container's own
+    command; then the exporter as 65534:6, twice (a pod restart). Its state is written, then found again."""
+    (daemonset,) = documents("daemonset.yaml")
+    pod = daemonset["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert init["securityContext"]["runAsUser"] == 0 and init["securityContext"]["readOnlyRootFilesystem"]
+    (mount,) = [m for m in init["volumeMounts"] if m["name"] == "state"]
+    (exporter_container,) = pod["containers"]
+    assert mount["mountPath"] in [m["mountPath"] for m in exporter_container["volumeMounts"] if m["name"] == "state"]
+    node_dir = tmp_path / "var-lib-volprobe"  # the hostPath on the node
+    node_dir.mkdir(mode=0o755)
+    os.chown(node_dir, 0, 0)
+    device = make_loop(16 * 1024 * 1024)
+    mode = os.stat(device)
+    os.chown(device, 0, 6)  # as udev makes disks on a node: root:disk 0660
+    os.chmod(device, 0o660)
+    try:
+        _restart_as_the_kubelet_would(tmp_path, node_dir, device, init, mount, start_exporter)
+    finally:  # the node outlives the loop device: as it was
+        os.chown(device, mode.st_uid, mode.st_gid)
+        os.chmod(device, mode.st_mode & 0o7777)
+
+
+def _restart_as_the_kubelet_would(tmp_path, node_dir, device, init, mount, start_exporter) -> None:
+    config = tmp_path / "volprobe.yml"
+    config.write_text(f"state_directory: {node_dir}\ntargets: [{{name: vol, device: {device}}}]\n")
+
+    def serve():
+        return start_exporter("--config", str(config), prefix=NOBODY_IN_DISK)
+
+    # Without the init step the directory is root's: nothing can be remembered (what the issue found).
+    before = serve()
+    before.wait_for(lambda s: _state_status(s) == {"unwritable"}, what="the state to be unwritable")
+    assert before.stop() == 0
+    # The init container's command, its container path bound to the node's directory, with CAP_CHOWN alone.
+    command = [str(node_dir) if arg == mount["mountPath"] else arg for arg in init["command"]]
+    subprocess.run([*INIT_STEP, *command], check=True)
+    assert (node_dir.stat().st_uid, node_dir.stat().st_gid) == (65534, 65534)
+    first = serve()
+    first.wait_for(lambda s: _state_status(s) == {"ok"}, what="the state to be written")
+    assert first.stop() == 0
+    files = list(node_dir.glob("volume-*.json"))
+    assert files and all(f.stat().st_uid == 65534 for f in files)
+    second = serve()  # the pod restarted: what the first one saved is found again
+    samples = second.metrics()
+    assert _state_status(samples) == {"ok"}, second.log()
+    assert "starting afresh" not in second.log()
+    assert second.stop() == 0
