@@ -81,9 +81,10 @@ def test_the_legacy_histogram_layout_is_one_reload_away(tmp_path, make_loop, sta
 
 
 class FakeRunning:
-    """What ProbeSeries reads of a running probe (labels, spec, buckets): enough to render its series."""
+    """What ProbeSeries reads of a running probe (labels, spec, source, buckets): enough to render its series."""
 
     labels = {"target": "t", "device": "loop9", "op": "read"}
+    source = "device"
     spec = config.ProbeConfig("read")
     stats = stats.ProbeStats(60.0)
 

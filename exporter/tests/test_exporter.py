@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -14,7 +15,16 @@ import pytest
 from volprobe import probefile
 from volprobe.config import PROBE_FILE_NAME
 
-from .harness import MIB, attach_loop, run, sample_value, sha256_of, volprobe_command, write_config
+from .harness import (
+    MIB,
+    attach_loop,
+    probes_done,
+    run,
+    sample_value,
+    sha256_of,
+    volprobe_command,
+    write_config,
+)
 
 HISTOGRAM_ERROR = 1 / 128  # the recent quantiles' stated bound (their HELP: <=0.78% relative error)
 
@@ -251,3 +261,34 @@ def test_a_kubelet_volume_path_gives_the_persistent_volume_and_pod(tmp_path, mak
         assert exporter.stop() == 0
     finally:
         run("umount", str(point))
+
+
+@pytest.mark.root
+def test_a_directory_whose_device_cannot_be_opened_reads_its_probe_file(tmp_path, make_loop, mount_fs, start_exporter):
+    """As in a container that does not expose the disk (its device cgroup denies it: EPERM), `--target DIR` is
+    probed all the same: writes to the probe file, and reads from it, said in volprobe_probe_info{source}."""
+    device = make_loop(128 * MIB)
+    data = mount_fs(device)
+    cgroup = Path("/sys/fs/cgroup/devices") / f"volprobe-test-{os.getpid()}-{tmp_path.name}"
+    cgroup.mkdir()
+    try:
+        rdev = os.stat(device).st_rdev
+        (cgroup / "devices.deny").write_text(f"b {os.major(rdev)}:{os.minor(rdev)} rwm\n")
+        in_cgroup = ("sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(cgroup))
+        denied = subprocess.run([*in_cgroup, "dd", f"if={device}", "of=/dev/null", "count=1"], capture_output=True)
+        assert denied.returncode != 0 and b"Operation not permitted" in denied.stderr  # as a container's cgroup
+        exporter = start_exporter("--target", data, prefix=in_cgroup)
+        samples = exporter.wait_for(
+            lambda s: (
+                probes_done(s, os.path.basename(device), "read") >= 3
+                and probes_done(s, os.path.basename(device), "write") >= 3
+            ),
+            what="reads and writes",
+        )
+        sources = {labels["op"]: labels["source"] for labels, _ in samples["volprobe_probe_info"]}
+        assert sources == {"read": "probe_file", "write": "probe_file"}, sources
+        assert exporter.log().count("its read probes read the probe file") == 1
+        assert exporter.stop() == 0
+    finally:
+        with contextlib.suppress(OSError):
+            cgroup.rmdir()

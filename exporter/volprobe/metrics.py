@@ -196,8 +196,9 @@ PROBE_INTERVAL = MetricSpec(
 PROBE_INFO = MetricSpec(
     "volprobe_probe_info",
     "gauge",
-    "Probe specification: block size, configured interval, O_DSYNC.",
-    (*PROBE, "block_size_bytes", "interval", "sync"),
+    "Probe specification: block size, configured interval, O_DSYNC, and what its requests go to (device or "
+    "probe_file).",
+    (*PROBE, "block_size_bytes", "interval", "sync", "source"),
 )
 
 # -- targets --------------------------------------------------------------------------------------------------

@@ -292,7 +292,9 @@ class ProbeIO:
         # Writes keep their descriptor (a raw device's O_EXCL keeps others out while volprobe writes; a probe
         # file is ours). Reads open the device for each request unless told to hold it: holding it open between
         # probes would stop an administrator from detaching a loop device or removing a dm, md or zram device.
-        self.hold_open = spec.kind.writes or spec.hold_open
+        # A descriptor that must be checked when opened (a probe file, a raw device) is opened once, through
+        # the checks, and held: the C loop's per-request open goes by name, unchecked.
+        self.hold_open = spec.kind.writes or spec.hold_open or io.opener is not None
         if fd is not None and not self.hold_open:
             os.close(fd)
             fd = None

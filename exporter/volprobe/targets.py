@@ -9,6 +9,7 @@ safety.check_raw_descriptor), never on the name it was opened by.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from .config import PROBE_FILE_NAME, Config, ConfigError, ProbeConfig, TargetCon
 from .discovery import SKIP_BY_DEFAULT, BlockDevice, Host, Mount
 from .probe import IOTarget
 from .safety import Refused
+
+log = logging.getLogger(__name__)
 
 NON_BLOCK_FILESYSTEMS = {
     "tmpfs",
@@ -48,6 +51,7 @@ class ResolvedTarget:
     fds: dict[str, int] = field(default_factory=dict)  # op -> descriptor opened by prepare()
     discovered: bool = False  # added by discovery, not named in the configuration
     host: Host | None = None  # where its device is looked up again at each raw reopen
+    reads_probe_file: bool = False  # a directory target whose device cannot be opened: reads go to the file
 
     def open_raw(self, flags: int) -> int:
         """Open the device for raw writes (probes or a write warm-up): see open_raw_exclusive()."""
@@ -203,7 +207,7 @@ def open_raw_exclusive(host: Host, target: ResolvedTarget, flags: int) -> int:
 def io_target(host: Host, target: ResolvedTarget, probe: ProbeConfig) -> IOTarget:
     """Where a probe's I/O goes and how its descriptor is (re)opened and checked."""
     flags = probe.open_flags
-    if not probe.kind.writes:
+    if not probe.kind.writes and not target.reads_probe_file:
         return IOTarget(target.device.devnode, flags, 0, target.device.size_bytes)
     if target.kind == "directory":
         directory, size = target.probe_dir, target.config.probe_file_size
@@ -236,7 +240,12 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
     warnings: list[str] = []
     problems: list[str] = []
     for target in resolved:
-        if target.kind == "directory" and target.config.writes:
+        if target.kind == "directory":
+            refused = _choose_read_source(target)
+            if refused:
+                problems += refused
+                continue
+        if target.kind == "directory" and (target.config.writes or target.reads_probe_file):
             assert target.probe_dir is not None
             try:
                 # From here the directory is held by descriptor for the target's life (let go on EROFS).
@@ -260,6 +269,32 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
         close(resolved)
         raise ConfigError(problems)
     return warnings
+
+
+def _choose_read_source(target: ResolvedTarget) -> list[str]:
+    """A directory target's reads go to its device; when the device cannot be opened (a container that does not
+    expose it), to the probe file instead, which volprobe wrote whole: the target is still probed, not refused.
+    Returns the problems that leaves (a read block larger than the probe file)."""
+    if all(p.kind.writes for p in target.probes):
+        return []
+    try:
+        os.close(os.open(target.device.devnode, os.O_RDONLY | os.O_DIRECT | os.O_NONBLOCK | os.O_CLOEXEC))
+    except OSError as err:
+        target.reads_probe_file = True
+        log.warning(
+            "%s: cannot open %s (%s): its read probes read the probe file %s instead",
+            target.name,
+            target.device.devnode,
+            err.strerror,
+            target.probe_file,
+        )
+        size = target.config.probe_file_size - probefile.HEADER_BYTES
+        return [
+            f"{p.key}.block_size: {p.block_size} is larger than the {size} bytes of the probe file it reads"
+            for p in target.probes
+            if not p.kind.writes and p.block_size > size
+        ]
+    return []
 
 
 def close(resolved: list[ResolvedTarget]) -> None:

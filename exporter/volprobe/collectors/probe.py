@@ -75,6 +75,7 @@ class ProbeSeries:
             "block_size_bytes": str(spec.block_size),
             "interval": f"{spec.interval:g}s",
             "sync": str(spec.sync).lower(),
+            "source": running.source,
         }
         self.info = metrics.PROBE_INFO.series(metrics.PROBE_INFO.name, info_labels)
         self._errors: dict[str, Series] = {}

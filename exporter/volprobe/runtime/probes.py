@@ -28,6 +28,12 @@ class RunningProbe:
     worker: ProbeWorker
 
     @property
+    def source(self) -> str:
+        """What the probe's requests go to: "probe_file" or "device"."""
+        io_path = self.worker.probe.io.path
+        return "probe_file" if self.target.probe_file and io_path == self.target.probe_file else "device"
+
+    @property
     def labels(self) -> dict[str, str]:
         return {"target": self.target.name, "device": self.target.device.name, "op": self.spec.op}
 
