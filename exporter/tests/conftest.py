@@ -131,11 +131,12 @@ def start_exporter(tmp_path: Path) -> Iterator[Callable[..., RunningExporter]]:
 
 @pytest.fixture
 def start_prometheus(tmp_path: Path) -> Iterator[Callable[..., RunningPrometheus]]:
-    """start_prometheus(config_text) runs Debian's prometheus on a free loopback port until it is ready."""
+    """start_prometheus(config_text, version="2") runs Prometheus (Debian's 2.42, or the 3.x .ci/run builds) on a
+    free loopback port until it is ready."""
     running: list[RunningPrometheus] = []
 
-    def start(config_text: str) -> RunningPrometheus:
-        server = harness.start_prometheus(config_text, tmp_path / f"prometheus-{len(running)}")
+    def start(config_text: str, version: str = "2") -> RunningPrometheus:
+        server = harness.start_prometheus(config_text, tmp_path / f"prometheus-{len(running)}", version=version)
         running.append(server)
         return server
 

@@ -14,7 +14,7 @@ import pytest
 from volprobe import mixin
 from volprobe.mixin import rules
 
-from .harness import MIB, REPO, stop_fio
+from .harness import MIB, PROMETHEUS_VERSIONS, REPO, stop_fio
 from .nvme_pages import counters_page
 from .test_mixin import panels, substitute
 
@@ -43,17 +43,21 @@ TEST_SIZED = {
 }
 
 
-def start_with_rules(start_prometheus, directory: Path, port: int, every: str):
-    """A real Prometheus scraping the exporter on `port` and evaluating the shipped rules, test-sized, `every`."""
+def start_with_rules(start_prometheus, directory: Path, port: int, every: str, version: str = "2"):
+    """A real Prometheus (`version` 2 or 3) scraping the exporter on `port` and evaluating the shipped rules,
+    test-sized, `every`."""
     rules_path = directory / "volprobe-rules.yml"
     rules_path.write_text(rules.render(mixin.from_mapping(TEST_SIZED)))
-    return start_prometheus(f"""
+    return start_prometheus(
+        f"""
 global: {{scrape_interval: {every}, evaluation_interval: {every}}}
 rule_files: [{rules_path}]
 scrape_configs:
   - job_name: volprobe
     static_configs: [{{targets: ["127.0.0.1:{port}"]}}]
-""")
+""",
+        version,
+    )
 
 
 def firing(alerts: list[dict], name: str, **labels: str) -> bool:
@@ -65,7 +69,10 @@ def firing(alerts: list[dict], name: str, **labels: str) -> bool:
     )
 
 
-def test_alerts_fire_where_they_should_and_dashboards_have_data(tmp_path, lab_volume, start_exporter, start_prometheus):
+@pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
+def test_alerts_fire_where_they_should_and_dashboards_have_data(
+    tmp_path, lab_volume, start_exporter, start_prometheus, version
+):
     volumes = {
         "healthy": lab_volume(size=64 * MIB, read_latency=0.0005, write_latency=0.0005),
         "capped": lab_volume(size=64 * MIB, read_latency=0.001, iops_limit=300),
@@ -97,7 +104,7 @@ targets:
     pages.mkdir()
     (pages / devices["healthy"]).write_bytes(counters_page(60.0))
     exporter = start_exporter("--config", str(config), env={"VOLPROBE_TEST_NVME_PAGES": str(pages)})
-    prometheus = start_with_rules(start_prometheus, tmp_path, exporter.port, "2s")
+    prometheus = start_with_rules(start_prometheus, tmp_path, exporter.port, "2s", version)
     # The detector learns the unloaded latency from the probes: let them see the capped volume idle first.
     exporter.wait_for(
         lambda s: (

@@ -15,7 +15,7 @@ from volprobe.config import ConfigError
 from volprobe.mixin import __main__ as generator
 from volprobe.mixin import rules
 
-from .harness import REPO
+from .harness import PROMETHEUS_VERSIONS, REPO, prometheus_tool
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 RANGE_FUNCTIONS = re.compile(r"\b(rate|irate|increase|deriv|delta|changes)\(([^()]|\([^()]*\))*?\[([^\]]+)\]")
@@ -63,16 +63,21 @@ def test_committed_files_match_the_generator():
     assert names == {"volprobe-fleet.json", "volprobe-volume.json", "volprobe-warmup.json", "volprobe-migration.json"}
 
 
-def test_promtool_checks_the_rules():
+@pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
+def test_promtool_checks_the_rules(version):
+    promtool = prometheus_tool("promtool", version)
     result = subprocess.run(
-        ["promtool", "check", "rules", str(REPO / "alerts" / "volprobe-rules.yml")], capture_output=True, text=True
+        [promtool, "check", "rules", str(REPO / "alerts" / "volprobe-rules.yml")], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_promtool_unit_tests_pass():
+@pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
+def test_promtool_unit_tests_pass(version):
     tests = sorted(str(p) for p in (REPO / "alerts" / "tests").glob("*.yml"))
-    result = subprocess.run(["promtool", "test", "rules", *tests], capture_output=True, text=True)
+    result = subprocess.run(
+        [prometheus_tool("promtool", version), "test", "rules", *tests], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
