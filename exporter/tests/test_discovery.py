@@ -231,3 +231,105 @@ def test_real_sysfs_of_this_machine():
 )
 def test_kubernetes_volume_identity_from_kubelet_paths(path, pv, pod):
     assert discovery.kubernetes_volume(path) == (pv, pod)
+
+
+POD_A, POD_B = "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11", "7c2e4d1a-9b3f-4e8a-b6c5-1d2e3f4a5b6c"
+POD_RAW = "1e5d7f9a-2b4c-4d6e-8f0a-1b2c3d4e5f60"
+PV_FS, PV_RAW, PV_OLD = (
+    "pvc-8d1c2a4e-1b2f-4d3e-8f9a-0c1d2e3f4a5b",
+    "pvc-3a4b5c6d-7e8f-4a0b-9c1d-2e3f4a5b6c7d",
+    "pvc-old-staged",
+)
+# A kubelet node's /proc/1/mountinfo as the kernel writes it (EKS, EBS CSI driver): the root disk, devtmpfs,
+# one filesystem PVC on nvme1n1 staged at its (hashed) globalmount and mounted by two pods, a raw block PVC
+# whose device node nvme2n1 is bound from devtmpfs at its publish path, a partition staged at an old-style
+# globalmount, a projected token volume (tmpfs), and a disk no pod mounts.
+KUBELET_MOUNTINFO = f"""\
+24 1 259:1 / / rw,relatime shared:1 - xfs /dev/nvme0n1p1 rw,attr2,inode64,logbufs=8,logbsize=32k,noquota
+25 24 0:5 / /dev rw,nosuid shared:2 - devtmpfs devtmpfs rw,size=3977308k,nr_inodes=994327,mode=755
+26 24 0:21 / /proc rw,nosuid,nodev,noexec,relatime shared:12 - proc proc rw
+612 24 0:54 / /var/lib/kubelet/pods/{POD_A}/volumes/kubernetes.io~projected/kube-api-access-8x7zq rw,relatime \
+shared:300 - tmpfs tmpfs rw,size=7602176k
+1021 24 259:4 / /var/lib/kubelet/plugins/kubernetes.io/csi/ebs.csi.aws.com/\
+8a5f0c1e2d3b4a5968778695a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5/globalmount rw,relatime shared:489 - ext4 \
+/dev/nvme1n1 rw
+1090 24 259:4 / /var/lib/kubelet/pods/{POD_B}/volumes/kubernetes.io~csi/{PV_FS}/mount rw,relatime shared:489 - \
+ext4 /dev/nvme1n1 rw
+1087 24 259:4 / /var/lib/kubelet/pods/{POD_A}/volumes/kubernetes.io~csi/{PV_FS}/mount rw,relatime shared:489 - \
+ext4 /dev/nvme1n1 rw
+1102 24 0:5 /nvme2n1 /var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/publish/{PV_RAW}/{POD_RAW} \
+rw,nosuid shared:2 - devtmpfs devtmpfs rw,size=3977308k,nr_inodes=994327,mode=755
+1110 24 259:7 / /var/lib/kubelet/plugins/kubernetes.io/csi/pv/{PV_OLD}/globalmount rw,relatime shared:500 - xfs \
+/dev/nvme3n1p1 rw,attr2,inode64,noquota
+"""
+
+
+@pytest.fixture
+def kubelet_node(machine):
+    for i, (name, devnum) in enumerate([("nvme1n1", "259:4"), ("nvme2n1", "259:5"), ("nvme3n1", "259:6")], 1):
+        machine.block(f"pci0000:00/0000:00:1{i}.0/nvme/nvme{i}", name, devnum, 2097152)
+        if name == "nvme3n1":
+            machine.block(f"pci0000:00/0000:00:1{i}.0/nvme/nvme{i}/{name}", f"{name}p1", "259:7", 2095104, partition=1)
+    machine.block("pci0000:00/0000:00:19.0/nvme/nvme9", "nvme9n1", "259:9", 2097152)
+    (machine.proc / "1").mkdir()
+    (machine.proc / "1" / "mountinfo").write_text(KUBELET_MOUNTINFO)
+    return machine
+
+
+def test_discovered_disks_get_the_persistent_volume_kubelet_mounts_from_them(kubelet_node):
+    host = kubelet_node.host()
+    mounts = host.kubelet_mounts()
+    devices = host.devices()
+    assert host.kubernetes_volumes(devices["nvme1n1"], mounts) == {(PV_FS, POD_A), (PV_FS, POD_B)}
+    assert host.kubernetes_volumes(devices["nvme2n1"], mounts) == {(PV_RAW, POD_RAW)}
+    assert host.kubernetes_volumes(devices["nvme3n1"], mounts) == {(PV_OLD, "")}  # by its partition's mount
+    assert host.kubernetes_volumes(devices["nvme9n1"], mounts) == set()
+    assert mounts[-2].root == "/nvme2n1" and mounts[0].root == "/"
+
+
+def test_without_pid_1s_mounts_kubelets_are_read_from_this_process(kubelet_node):
+    (kubelet_node.proc / "1" / "mountinfo").unlink()
+    (kubelet_node.proc / "self" / "mountinfo").write_text(KUBELET_MOUNTINFO)
+    host = kubelet_node.host()
+    assert host.kubernetes_volumes(host.devices()["nvme2n1"], host.kubelet_mounts()) == {(PV_RAW, POD_RAW)}
+
+
+def test_one_volume_is_chosen_for_a_disk_that_several_pods_mount():
+    choose = discovery.choose_kubernetes_volume
+    both = {(PV_FS, POD_B), (PV_FS, POD_A), (PV_FS, "")}
+    first = choose(both)
+    assert first == (PV_FS, min(POD_A, POD_B))  # a pod's mount before the staging mount; the least UID
+    assert choose(both, (PV_FS, POD_B)) == (PV_FS, POD_B)  # the previous choice holds: no label churn
+    assert choose({(PV_FS, POD_B), (PV_FS, "")}, first) == (PV_FS, POD_B)  # its pod went: another that mounts it
+    assert choose({(PV_FS, "")}, (PV_FS, POD_B)) == (PV_FS, "")  # staged only (between two pods)
+    assert choose({(PV_FS, ""), (PV_FS, POD_A)}, (PV_FS, "")) == (PV_FS, POD_A)  # a pod's mount is preferred
+    assert choose(set()) == ("", "")
+
+
+def test_the_target_collector_labels_a_discovered_disk_and_keeps_its_choice(kubelet_node):
+    from types import SimpleNamespace
+
+    from volprobe.collectors import Sources
+    from volprobe.collectors.target import TargetCollector
+
+    host = kubelet_node.host()
+    devices = host.devices()
+    targets = [
+        SimpleNamespace(name=n, device=devices[n], path=f"/dev/{n}", mount=None, disks=[n])
+        for n in ("nvme1n1", "nvme9n1")
+    ]
+    exporter = SimpleNamespace(host=host, probes=SimpleNamespace(targets=lambda: targets))
+    collector = TargetCollector(Sources(exporter))
+
+    def labels() -> dict[str, tuple[str, str]]:
+        info = collector.collect()[0]
+        return {s.labels["target"]: (s.labels["pv"], s.labels["pod_uid"]) for s in info.samples}
+
+    first = min(POD_A, POD_B)
+    assert labels() == {"nvme1n1": (PV_FS, first), "nvme9n1": ("", "")}  # one series per target, as before
+    later = max(POD_A, POD_B)
+    mountinfo = kubelet_node.proc / "1" / "mountinfo"
+    mountinfo.write_text("\n".join(line for line in KUBELET_MOUNTINFO.splitlines() if first not in line) + "\n")
+    assert labels()["nvme1n1"] == (PV_FS, later)  # its pod went, the other still mounts it
+    mountinfo.write_text(KUBELET_MOUNTINFO)
+    assert labels()["nvme1n1"] == (PV_FS, later)  # a pod mounting it again changes nothing

@@ -37,6 +37,7 @@ class Mount:
     mount_point: str
     fstype: str
     source: str
+    root: str = "/"  # the mounted directory within its filesystem: a bound device node's name on devtmpfs
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def parse_mountinfo(text: str) -> list[Mount]:
             major, minor = (int(x) for x in fields_left[2].split(":"))
         except ValueError:
             continue
-        mounts.append(Mount(major, minor, _unescape_mount(fields_left[4]), fields_right[0], fields_right[1]))
+        mount_point, root = _unescape_mount(fields_left[4]), _unescape_mount(fields_left[3])
+        mounts.append(Mount(major, minor, mount_point, fields_right[0], fields_right[1], root))
     return mounts
 
 
@@ -120,6 +122,33 @@ def kubernetes_volume(*paths: str) -> tuple[str, str]:
                 groups = match.groupdict()
                 return groups.get("pv") or "", groups.get("pod") or ""
     return "", ""
+
+
+def kubernetes_volumes_of(mounts: list[Mount], devnums: set[tuple[int, int]], names: set[str]) -> set[tuple[str, str]]:
+    """(PersistentVolume, pod UID) of every kubelet mount of a device: its filesystem mounted (by device
+    number: the device's or a partition's) at a pod's volume or at the CSI staging globalmount (pod UID ""), or
+    its device node bound (a devtmpfs mount whose root is /<kernel name>) at a raw block volume's path."""
+    found = set()
+    for mount in mounts:
+        ours = (mount.major, mount.minor) in devnums
+        if not ours and mount.fstype == "devtmpfs":
+            ours = mount.root.lstrip("/") in names
+        if ours:
+            pv, pod = kubernetes_volume(mount.mount_point)
+            if pv:
+                found.add((pv, pod))
+    return found
+
+
+def choose_kubernetes_volume(found: set[tuple[str, str]], previous: tuple[str, str] = ("", "")) -> tuple[str, str]:
+    """One (pv, pod_uid) for a device that several kubelet mounts show: a pod's mount before the node's staging
+    mount; the previous choice while it still holds (a second pod mounting the volume, or the first one going
+    while another stays, changes no label); otherwise the least in (pv, pod_uid) order."""
+    with_pod = {v for v in found if v[1]}
+    best = with_pod or found
+    if previous in best:
+        return previous
+    return min(best) if best else ("", "")
 
 
 def _loop_backing_file(base: Path) -> str:
@@ -303,6 +332,25 @@ class Host:
             return parse_mountinfo((self.proc / "self" / "mountinfo").read_text())
         except OSError:
             return []
+
+    def kubelet_mounts(self) -> list[Mount]:
+        """The host's mounts, where kubelet's are: PID 1's mount namespace (the host's init under hostPID, or
+        with the host's /proc as --path.procfs), else this process's if PID 1's cannot be read."""
+        for pid in ("1", "self"):
+            try:
+                return parse_mountinfo((self.proc / pid / "mountinfo").read_text())
+            except OSError:
+                continue
+        return []
+
+    def kubernetes_volumes(self, device: BlockDevice, mounts: list[Mount]) -> set[tuple[str, str]]:
+        """(pv, pod UID) of the kubelet mounts among `mounts` of a device or of its partitions."""
+        devnums, names = {(device.major, device.minor)}, {device.name, *device.partitions}
+        for part in device.partitions:
+            major, _, minor = _read(self.sys / "class" / "block" / part / "dev").partition(":")
+            if major.isdigit() and minor.isdigit():
+                devnums.add((int(major), int(minor)))
+        return kubernetes_volumes_of(mounts, devnums, names)
 
     def name_for_devnum(self, major: int, minor: int) -> str | None:
         link = self.sys / "dev" / "block" / f"{major}:{minor}"

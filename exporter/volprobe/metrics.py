@@ -206,7 +206,8 @@ PROBE_INFO = MetricSpec(
 TARGET_INFO = MetricSpec(
     "volprobe_target_info",
     "gauge",
-    "Identity of a probed target and its block device (pv and pod_uid: a Kubernetes volume's, from its path).",
+    "Identity of a probed target and its block device (pv and pod_uid: the Kubernetes volume its path is in, "
+    "else one that kubelet mounts from its device).",
     (
         "target",
         "device",
