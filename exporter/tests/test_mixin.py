@@ -210,6 +210,10 @@ def test_every_metric_name_in_dashboards_rules_tests_and_runbook_is_declared():
 # Labels added to a metric after its first release: an input series without them stands for an older exporter,
 # whose series the rules must keep serving (metric names and labels are a public contract).
 ADDED_LABELS = {"volprobe_throttle_active": {"source"}}
+# Labels the scrape adds, not the exporter: cluster (Prometheus's, where it adds one), and the exporter pod's
+# own namespace, pod, service, endpoint and node that a ServiceMonitor adds (deploy/kubernetes/base): the rules
+# must not take the exporter's namespace for a volume's (kube_pvc_test.yml).
+SCRAPE_LABELS = {"cluster", "namespace", "pod", "service", "endpoint", "node"}
 
 
 def test_promtool_test_inputs_carry_the_declared_labels():
@@ -230,7 +234,7 @@ def test_promtool_test_inputs_carry_the_declared_labels():
                 name, labels = re.fullmatch(r"([A-Za-z0-9_:]+)\{(.*)\}", series["series"]).groups()
                 if name not in declared:  # recorded series and up (an undeclared volprobe_* fails the test above)
                     continue
-                keys = set(re.findall(r'(\w+)="', labels)) - {"cluster"}  # Prometheus's, where it adds one
+                keys = set(re.findall(r'(\w+)="', labels)) - SCRAPE_LABELS
                 if keys not in (declared[name], declared[name] - ADDED_LABELS.get(name, set())):
                     wrong.append(f"{path.name}: {name} has {sorted(keys)}, expected {sorted(declared[name])}")
     assert not wrong, "\n".join(wrong)

@@ -23,6 +23,8 @@ from ..config import ConfigError
 class MixinConfig:
     # Which series are volprobe's.
     selector: str = 'job="volprobe"'
+    # Which series are kube-state-metrics' (2.x): its PersistentVolume series name each target's PVC (rules.py).
+    kube_state_metrics_selector: str = 'job="kube-state-metrics"'
     # Window of the rate() in recording rules (the "5m" quantiles) and of rate/increase in the alerts.
     rate_window: str = "5m"
     # The window of the daily quantiles, for comparisons over days (migrations).

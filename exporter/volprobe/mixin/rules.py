@@ -23,6 +23,10 @@ BY_PROBE = "cluster, job, instance, target, device, op"
 BY_TARGET = "cluster, job, instance, target, device"
 BY_DEVICE = "cluster, job, instance, device"
 BY_INSTANCE = "cluster, job, instance"
+# Each target's PersistentVolumeClaim, namespace and StorageClass, from kube-state-metrics: level (the labels it
+# is keyed by: a target, with its PVC's), the series it is built from, and the operation (a join), as
+# kubernetes-mixin names namespace_workload_pod:kube_pod_owner:relabel.
+TARGET_PVC = f"target_pvc:{metrics.TARGET_INFO.name}:join"
 QUANTILES = (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
 
 
@@ -39,6 +43,38 @@ def bucket_rate(c: MixinConfig) -> str:
     """The recorded per-probe bucket rates every latency quantile is built from, named with their window as
     kubernetes-mixin names its recorded rates (level:metric:operation)."""
     return f"target_op_le:{LATENCY.bucket}:rate{c.rate_window}"
+
+
+def _renamed(expr: str, renames: tuple[tuple[str, str], ...]) -> str:
+    """expr with each (new, old) label copied to its new name, by label_replace."""
+    for new, old in renames:
+        expr = f'label_replace({expr}, "{new}", "$1", "{old}", "(.+)")'
+    return expr
+
+
+def target_pvc_rule(c: MixinConfig) -> dict[str, Any]:
+    """volprobe_target_info{pv} joined with kube-state-metrics 2.x's kube_persistentvolume_claim_ref (the PVC
+    bound to each PV: name, claim_namespace) and kube_persistentvolume_info (its storageclass), on cluster and
+    PV. Each side is aggregated first: that drops the labels a scrape adds (the namespace and pod of the
+    exporter's and of kube-state-metrics' own pods, the instance of a kube-state-metrics replica), so the
+    claim's namespace is the one recorded and two replicas of kube-state-metrics give one match, not two."""
+    ksm = c.kube_state_metrics_selector
+    claims = _renamed(
+        f"max by (cluster, persistentvolume, claim_namespace, name) (kube_persistentvolume_claim_ref{{{ksm}}})",
+        (("pv", "persistentvolume"), ("namespace", "claim_namespace"), ("persistentvolumeclaim", "name")),
+    )
+    classes = _renamed(
+        f"max by (cluster, persistentvolume, storageclass) (kube_persistentvolume_info{{{ksm}}})",
+        (("pv", "persistentvolume"),),
+    )
+    return {
+        "record": TARGET_PVC,
+        "expr": (
+            f'max by ({BY_TARGET}, pv) ({metrics.TARGET_INFO.name}{{{c.selector}, pv!=""}})\n'
+            f"* on (cluster, pv) group_left (namespace, persistentvolumeclaim)\n  {claims}\n"
+            f"* on (cluster, pv) group_left (storageclass)\n  {classes}"
+        ),
+    }
 
 
 def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
@@ -68,6 +104,7 @@ def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
                 ),
             }
         )
+    rules.append(target_pvc_rule(c))
     return rules
 
 
