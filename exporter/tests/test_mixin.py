@@ -38,6 +38,8 @@ SUBSTITUTIONS = {
     "$device": "nvme1n1",
     "$disk": "nvme1n1",
     "$op": "write",
+    "$namespace": ".*",
+    "$pvc": ".*",
 }
 
 
@@ -394,10 +396,13 @@ def test_every_query_parses_with_promtool(model, tmp_path):
             rules_file["groups"][0]["rules"].append({"record": record, "expr": substitute(target["expr"])})
     for variable in model["templating"]["list"]:
         if variable["type"] == "query":
-            inner = re.fullmatch(r"label_values\((.*), *\w+\)", variable["query"])
+            inner = re.fullmatch(r"label_values\((.*), *\w+\)|query_result\((.*)\)", variable["query"])
             assert inner, variable["query"]
             rules_file["groups"][0]["rules"].append(
-                {"record": f"dashboard:variable:{variable['name']}", "expr": substitute(inner.group(1))}
+                {
+                    "record": f"dashboard:variable:{variable['name']}",
+                    "expr": substitute(inner.group(1) or inner.group(2)),
+                }
             )
     path = tmp_path / "queries.yml"
     path.write_text(yaml.safe_dump(rules_file))
@@ -427,3 +432,53 @@ def test_a_mixin_value_of_the_wrong_type_exits_2_naming_the_key(tmp_path, text, 
     )
     assert result.returncode == 2 and key in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not out.exists(), "nothing is written from a bad configuration"
+
+
+@pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
+def test_the_namespace_and_pvc_variables_narrow_the_targets(version, tmp_path):
+    """The dashboards' target selection (dashboards.SELECTED), on promtool over the recorded join: a namespace or
+    a claim picked keeps only its targets; All (.*) keeps every target, a disk no claim is on too."""
+    from volprobe.mixin import dashboards
+
+    def info(target: str, pv: str) -> str:
+        labels = ",".join(f'{k}=""' for k in metrics.TARGET_INFO.labels if k not in ("target", "device", "pv"))
+        identity = f'target="{target}",device="{target}",pv="{pv}"'
+        return f'volprobe_target_info{{job="volprobe",instance="node-1",{identity},{labels}}}'
+
+    ksm = 'job="kube-state-metrics",instance="10.0.3.7:8080"'
+    inputs = [
+        (info("nvme1n1", "pvc-a"), "1x10"),
+        (info("nvme2n1", "pvc-b"), "1x10"),
+        (info("nvme0n1", ""), "1x10"),
+        (f'kube_persistentvolume_claim_ref{{{ksm},persistentvolume="pvc-a",claim_namespace="shop",name="db"}}', "1x10"),
+        (
+            f'kube_persistentvolume_claim_ref{{{ksm},persistentvolume="pvc-b",claim_namespace="ops",name="logs"}}',
+            "1x10",
+        ),
+        (f'kube_persistentvolume_info{{{ksm},persistentvolume="pvc-a",storageclass="gp3"}}', "1x10"),
+        (f'kube_persistentvolume_info{{{ksm},persistentvolume="pvc-b",storageclass="gp3"}}', "1x10"),
+    ]
+    cases = {(".*", ".*"): ["nvme0n1", "nvme1n1", "nvme2n1"], ("shop", ".*"): ["nvme1n1"], (".*", "logs"): ["nvme2n1"]}
+    tests = []
+    for (namespace, pvc), targets in cases.items():
+        values = {**SUBSTITUTIONS, "$namespace": namespace, "$pvc": pvc, "$instance": "node-1"}
+        expr = f"count by (target) ({substitute(dashboards.SELECTED, values)})"
+        samples = [{"labels": f'{{target="{t}"}}', "value": 1} for t in targets]
+        tests.append({"expr": expr, "eval_time": "5m", "exp_samples": samples})
+    document = {
+        "rule_files": [str(REPO / "alerts" / "volprobe-rules.yml")],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in inputs],
+                "promql_expr_test": tests,
+            }
+        ],
+    }
+    path = tmp_path / "selected_test.yml"
+    path.write_text(yaml.safe_dump(document))
+    result = subprocess.run(
+        [prometheus_tool("promtool", version), "test", "rules", str(path)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

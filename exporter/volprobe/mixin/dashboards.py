@@ -36,7 +36,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from .. import metrics, units
 from . import MixinConfig
-from .rules import recorded
+from .rules import TARGET_PVC, recorded
 
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 BASE = 'cluster=~"$cluster", job=~"$job", instance=~"$instance"'
@@ -52,6 +52,21 @@ FAILURES = metrics.PROBE_FAILURES.total  # present at 0 from a probe's start: th
 INFLIGHT = metrics.PROBE_INFLIGHT.name
 WARMUP_PROGRESS = metrics.WARMUP_PROGRESS.name
 WARMUP_STATE = metrics.WARMUP_STATE.name
+# The targets the namespace and pvc variables select (All is .*): those whose claim matches, from the recorded
+# join with kube-state-metrics; and, while both are All, every other target too (a disk no claim is on). That
+# second term asks whether "" matches both regexes, through two labels volprobe_target_info never has: a matcher
+# on a missing label compares "".
+SELECTED_BY = "cluster, job, instance, target"
+SELECTED = (
+    f'(max by ({SELECTED_BY}) ({TARGET_PVC}{{{BASE}, namespace=~"$namespace", persistentvolumeclaim=~"$pvc"}})'
+    f" or max by ({SELECTED_BY}) "
+    f'({TARGET_INFO}{{{BASE}, claim_namespace=~"$namespace", persistentvolumeclaim=~"$pvc"}}))'
+)
+
+
+def selected(expr: str) -> str:
+    """expr (with cluster, instance and target labels) for the targets the namespace and pvc variables select."""
+    return f"{expr} and on (cluster, instance, target) {SELECTED}"
 
 
 class Layout:
@@ -185,6 +200,38 @@ def target_variable(name: str, label: str, where: str = BASE):
     )
 
 
+def claim_variables() -> list:
+    """namespace and pvc, from the recorded join (rules.target_pvc_rule); All (.*) also keeps the targets no
+    claim is on (SELECTED)."""
+    return [
+        dashboard.QueryVariable(name)
+        .label(label)
+        .datasource(DS)
+        .query(f"label_values({TARGET_PVC}{{{where}}}, {source})")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        for name, label, where, source in (
+            ("namespace", "namespace", BASE, "namespace"),
+            ("pvc", "PVC", f'{BASE}, namespace=~"$namespace"', "persistentvolumeclaim"),
+        )
+    ]
+
+
+def selected_target_variable():
+    """The Volume dashboard's target, among those the namespace and pvc variables select: a query's result,
+    since label_values takes one selector and SELECTED is two."""
+    return (
+        dashboard.QueryVariable("target")
+        .label("target")
+        .datasource(DS)
+        .query(f"query_result({SELECTED})")
+        .regex('/target="([^"]+)"/')
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+    )
+
+
 def base(c: MixinConfig, name: str, title: str, description: str):
     return (
         dashboard.Dashboard(title)
@@ -207,11 +254,14 @@ def quantile(q: float, selector: str, by: str = "op") -> str:
 
 def fleet(c: MixinConfig):
     layout = Layout()
-    d = variables(base(c, "fleet", "volprobe / Fleet", "Every probed volume: latency, throttling, errors, warm-up."))
+    d = variables(
+        base(c, "fleet", "volprobe / Fleet", "Every probed volume: latency, throttling, errors, warm-up."),
+        *claim_variables(),
+    )
     by = "cluster, instance, target, device"  # cluster: node names repeat across clusters
 
     def p(q: float, op: str) -> str:
-        return (
+        return selected(
             f"histogram_quantile({q}, sum by ({by}, le) "
             f'(rate({LATENCY.bucket}{{{BASE}, op="{op}"}}[$__rate_interval])))'
         )
@@ -231,8 +281,10 @@ def fleet(c: MixinConfig):
         .with_target(
             query(
                 "E",
-                f"max by ({by}) ({TARGET_INFO}{{{BASE}}} * on (cluster, job, instance, device) group_left () "
-                f"max by (cluster, job, instance, device) ({THROTTLE_ACTIVE}{{{BASE}}}))",
+                selected(
+                    f"max by ({by}) ({TARGET_INFO}{{{BASE}}} * on (cluster, job, instance, device) group_left () "
+                    f"max by (cluster, job, instance, device) ({THROTTLE_ACTIVE}{{{BASE}}}))"
+                ),
                 instant=True,
                 fmt=PromQueryFormat.TABLE,
             )
@@ -240,7 +292,7 @@ def fleet(c: MixinConfig):
         .with_target(
             query(
                 "F",
-                f"sum by ({by}) (increase({FAILURES}{{{BASE}}}[$__rate_interval]))",
+                selected(f"sum by ({by}) (increase({FAILURES}{{{BASE}}}[$__rate_interval]))"),
                 instant=True,
                 fmt=PromQueryFormat.TABLE,
             )
@@ -248,7 +300,7 @@ def fleet(c: MixinConfig):
         .with_target(
             query(
                 "G",
-                f"max by ({by}) ({WARMUP_PROGRESS}{{{BASE}}})",
+                selected(f"max by ({by}) ({WARMUP_PROGRESS}{{{BASE}}})"),
                 instant=True,
                 fmt=PromQueryFormat.TABLE,
             )
@@ -305,28 +357,32 @@ def fleet(c: MixinConfig):
                 description=f"p99 of each volume's queue-depth-1 {op} probes, from the histogram over $__rate_interval.",
             )
         )
+    failing = selected(f"sum by (cluster, instance, target, op) (increase({FAILURES}{{{BASE}}}[$__rate_interval]))")
+    running = selected(f'{WARMUP_STATE}{{{BASE}, state="running"}}')
+    inflight = selected(f"{INFLIGHT}{{{BASE}}}")
     for title, expr, unit, description in (
         (
             "Throttled disks",
-            f"sum(max by (cluster, instance, device) ({THROTTLE_ACTIVE}{{{BASE}}})) or vector(0)",
+            f"sum(max by (cluster, instance, device) ({THROTTLE_ACTIVE}{{{BASE}}}) and on (cluster, instance, device) "
+            f"({TARGET_INFO}{{{BASE}}} and on (cluster, instance, target) {SELECTED})) or vector(0)",
             "none",
             "Disks whose I/O sits on a flat ceiling (a provider's IOPS or bandwidth cap) right now.",
         ),
         (
             "Failing probes",
-            f"count(sum by (cluster, instance, target, op) (increase({FAILURES}{{{BASE}}}[$__rate_interval])) > 0) or vector(0)",
+            f"count(({failing}) > 0) or vector(0)",
             "none",
             "Probes (target and op) with at least one failed request over $__rate_interval.",
         ),
         (
             "Warm-ups running",
-            f'sum({WARMUP_STATE}{{{BASE}, state="running"}}) or vector(0)',
+            f"sum({running}) or vector(0)",
             "none",
             "Volumes being read end to end so that their blocks stop costing a first-touch penalty.",
         ),
         (
             "Stuck probes",
-            f"count({INFLIGHT}{{{BASE}}} > {units.parse_duration(c.stall_threshold):g}) or vector(0)",
+            f"count(({inflight}) > {units.parse_duration(c.stall_threshold):g}) or vector(0)",
             "none",
             f"Probes whose request has been in the kernel for more than {c.stall_threshold}: a hung volume.",
         ),
@@ -368,7 +424,8 @@ def volume(c: MixinConfig):
     )
     d = variables(
         base(c, "volume", "volprobe / Volume", "One volume in depth: probe latency, diskstats, throttling."),
-        target_variable("target", "target"),
+        *claim_variables(),
+        selected_target_variable(),
         device_var,
         disk_var,
         one_instance=True,
