@@ -162,7 +162,7 @@ targets:
                 burst = "after"
             if burst == "after" and "errors" in seen and "fleet" not in seen:
                 shown = prometheus.query(
-                    substitute(fleet_errors, {"$cluster": ".*", "$job": "volprobe", "$instance": ".*"})
+                    substitute(fleet_errors, {**ALL_CLAIMS, "$cluster": ".*", "$job": "volprobe", "$instance": ".*"})
                 )
                 if any(r["metric"].get("target") == "flaky" and float(r["value"][1]) > 0 for r in shown):
                     seen["fleet"] = elapsed
@@ -192,6 +192,7 @@ targets:
 
 
 FAILURES = "volprobe_probe_failures_total"
+ALL_CLAIMS = {"$namespace": ".*", "$pvc": ".*"}  # the namespace and pvc variables at All: every target
 
 
 def exporter_failures(exporter, target: str) -> float:
@@ -223,6 +224,7 @@ def check_dashboards(prometheus, port: int, devices: dict[str, str]) -> None:
                 "$device": device,
                 "$disk": device,
                 "$op": op,
+                **ALL_CLAIMS,
                 "$baseline": "healthy",
                 "$candidate": "regress",
                 "$__rate_interval": "30s",
