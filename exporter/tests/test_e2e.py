@@ -43,6 +43,9 @@ TEST_SIZED = {
 }
 
 
+ALL_CLAIMS = {"$namespace": ".*", "$pvc": ".*"}  # the namespace and pvc variables at All: every target
+
+
 def start_with_rules(start_prometheus, directory: Path, port: int, every: str, version: str = "2"):
     """A real Prometheus (`version` 2 or 3) scraping the exporter on `port` and evaluating the shipped rules,
     test-sized, `every`."""
@@ -192,7 +195,6 @@ targets:
 
 
 FAILURES = "volprobe_probe_failures_total"
-ALL_CLAIMS = {"$namespace": ".*", "$pvc": ".*"}  # the namespace and pvc variables at All: every target
 
 
 def exporter_failures(exporter, target: str) -> float:

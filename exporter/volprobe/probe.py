@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from . import supervise
 from .config import ProbeConfig
 from .osthread import name_this_thread
 from .safety import Refused
@@ -523,8 +524,6 @@ class ProbeWorker:
         return int(min(self.interval_s * 2 ** min(failures, 32), MAX_ERROR_BACKOFF_S) * 1e9)
 
     def _run(self) -> None:
-        from . import supervise
-
         name_this_thread(f"vp {self.op} {self.name}")
 
         def probe_loop() -> None:
@@ -578,7 +577,7 @@ class ProbeWorker:
                 if wait > 0:
                     time.sleep(min(wait, MAX_SLEEP_NS) / 1e9)  # backing off; wake each second for stop
                     continue
-                try:  # every batch: a held descriptor is checked again (a resized device stops its writes)
+                try:  # a held descriptor is checked again (RECHECK_S): a resized device stops its writes
                     probe.open_checked()
                 except OSError as err:
                     failures += 1

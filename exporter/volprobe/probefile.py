@@ -63,9 +63,14 @@ class ProbeDirectory:
         self.path = os.path.realpath(path)  # resolved once: later swaps of a component cannot redirect it
         self._fd: int | None = None
         self.identity: DirectoryIdentity | None = None
-        fd = self.open()  # fixes the identity; resolving only reads, so let go until the target starts
-        self.st_dev = os.fstat(fd).st_dev
+        self.open()  # fixes the identity; resolving only reads, so let go until the target starts
         self.release()
+
+    @property
+    def st_dev(self) -> int:
+        """The directory's filesystem: a probe file must be on it."""
+        assert self.identity is not None
+        return self.identity.device
 
     def open(self) -> int:
         if self._fd is None:
