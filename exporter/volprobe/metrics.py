@@ -8,6 +8,7 @@ public contract: renaming one means keeping the old series as well until dashboa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client.core import (
@@ -21,7 +22,7 @@ from prometheus_client.core import (
 from . import diskstats
 from .exposition import Series, SeriesFamily, series
 
-_FAMILIES = {
+_FAMILIES: dict[str, Callable[..., Metric]] = {
     "counter": CounterMetricFamily,
     "gauge": GaugeMetricFamily,
     "histogram": HistogramMetricFamily,
