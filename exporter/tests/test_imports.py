@@ -121,12 +121,12 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return found
 
 
-def test_the_package_has_no_import_cycle():
+def test_the_package_has_no_import_cycle() -> None:
     found = [c for c in cycles(import_graph(PACKAGE)) if c not in KNOWN_CYCLES]
     assert not found, f"import cycles: {[sorted(c) for c in found]}"
 
 
-def test_the_graph_has_the_imports_the_source_makes():
+def test_the_graph_has_the_imports_the_source_makes() -> None:
     graph = import_graph(PACKAGE)
     assert "volprobe.capabilities" in graph["volprobe.warmup"]  # from .capabilities import ...
     assert "volprobe.supervise" in graph["volprobe.runtime.provider"]  # from .. import nvme, supervise
@@ -135,7 +135,7 @@ def test_the_graph_has_the_imports_the_source_makes():
     assert graph["volprobe.capabilities"] == set()
 
 
-def test_a_cycle_is_found_however_it_is_imported(tmp_path):
+def test_a_cycle_is_found_however_it_is_imported(tmp_path: Path) -> None:
     package = tmp_path / "pkg"
     (package / "sub").mkdir(parents=True)
     (package / "__init__.py").write_text("")
