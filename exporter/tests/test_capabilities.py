@@ -3,9 +3,12 @@ and logged once when missing, and volprobe falls back rather than stopping."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
+
+from volprobe.capabilities import Capabilities
 
 from .harness import run, sample_value, write_config
 
@@ -47,3 +50,16 @@ def test_discovery_without_udev_falls_back_to_rescans_and_says_so(start_exporter
     assert sample_value(samples, "volprobe_capability_available", capability="udev_monitor") == 0
     assert exporter.stop() == 0
     assert exporter.log().count("udev_monitor unavailable") == 1
+
+
+def test_a_missing_capability_is_logged_once_until_it_was_had_again(caplog):
+    found, other = Capabilities(), Capabilities()
+    with caplog.at_level(logging.WARNING, logger="volprobe.capabilities"):
+        found.record("udev_monitor", False, "no netlink")
+        found.record("udev_monitor", False, "no netlink")
+        assert [r.getMessage() for r in caplog.records] == ["udev_monitor unavailable: no netlink"]
+        found.record("udev_monitor", True)
+        found.record("udev_monitor", False, "gone")
+    assert [r.getMessage() for r in caplog.records][1:] == ["udev_monitor unavailable: gone"]
+    assert found.known() == {"udev_monitor": False}
+    assert other.known() == {}  # each exporter's own: nothing is shared through the module

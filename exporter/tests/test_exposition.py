@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from volprobe import config
 from volprobe.collectors import Sources, VolprobeCollector
 from volprobe.discovery import Host
-from volprobe.exposition import generate_text
+from volprobe.exposition import TextExposition, generate_text
 from volprobe.runtime import Exporter
 
 from .harness import MIB
@@ -58,6 +58,19 @@ def odd_families() -> list[Metric]:
 def test_odd_families_render_the_same():
     registry = Frozen(odd_families())
     assert generate_text(registry) == generate_latest(registry)
+
+
+def test_what_one_writer_remembers_never_changes_a_later_scrape():
+    """The server keeps one TextExposition: series and numbers it remembered from a scrape must not leak into
+    the next, whose labels and values differ."""
+    text = TextExposition()
+    for scrape in range(3):
+        gauge = GaugeMetricFamily("scraped_gauge", "changes between scrapes", labels=["a"])
+        gauge.add_metric(["x"], scrape)
+        gauge.add_metric([f"y{scrape}"], 0.5 * scrape)
+        gauge.add_metric(["z"], -0.0 if scrape == 1 else 0.0)
+        registry = Frozen([*odd_families(), gauge])
+        assert text.generate(registry) == generate_latest(registry)
 
 
 @pytest.mark.root

@@ -198,7 +198,16 @@ def evaluate(
     return plateau_of(seconds, direction, found, limit_ops, limit_bytes)
 
 
-def _which_limit(ops, rates, ops_band, bytes_band, ceiling_ops, ceiling_bytes, limit_ops, limit_bytes) -> str:
+def _which_limit(
+    ops: list[float],
+    rates: list[float],
+    ops_band: list[int] | None,
+    bytes_band: list[int] | None,
+    ceiling_ops: float,
+    ceiling_bytes: float,
+    limit_ops: float | None,
+    limit_bytes: float | None,
+) -> str:
     if limit_ops and abs(ceiling_ops - limit_ops) <= 0.05 * limit_ops:
         return "iops"
     if limit_bytes and abs(ceiling_bytes - limit_bytes) <= 0.05 * limit_bytes:

@@ -3,15 +3,15 @@
 generate_latest validates, sorts and escapes every label of every sample on every scrape; with 64 targets that
 was most of a scrape's CPU. Here a series' `name{labels}` text is rendered once and remembered: collectors
 whose series live as long as a probe hold them as Series and fill a SeriesFamily, whose lines are written as
-they are; other families' series texts are remembered here. A family whose names are not in the legacy
-character set is left to generate_latest, so the output never differs (a test compares the two on the real
-exporter's registry).
+they are; other families' series texts are remembered by the TextExposition that writes them (the server
+keeps one). A family whose names are not in the legacy character set is left to generate_latest, so the
+output never differs (a test compares the two on the real exporter's registry).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.core import Metric
@@ -26,8 +26,6 @@ _NEEDS_ESCAPE = re.compile(r'[\\\n"]')
 _TYPES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
 _CACHE_LIMIT = 65536
-_SERIES: dict[tuple, str] = {}
-_NUMBERS: dict[float, str] = {}
 
 
 class _One(Collector):
@@ -81,7 +79,7 @@ class SeriesFamily(Metric):
         self.series.append(one)
         self.values.append(value)
 
-    @property  # type: ignore[override]
+    @property
     def samples(self) -> list[Sample]:
         return [Sample(s.name, s.labels, v, None, None) for s, v in zip(self.series, self.values, strict=True)]
 
@@ -90,8 +88,8 @@ class SeriesFamily(Metric):
         if value:  # Metric.__init__ sets it to []; anything else would be lost
             raise AttributeError("a SeriesFamily is filled with add()")
 
-    def lines(self) -> list[str]:
-        numbers, number = _NUMBERS, _number
+    def lines(self, numbers: Mapping[float, str], number: Callable[[float], str]) -> list[str]:
+        """Its sample lines, each value's text from `numbers` or else `number`."""
         return [f"{s.text} {numbers.get(v) or number(v)}\n" for s, v in zip(self.series, self.values, strict=True)]
 
 
@@ -103,64 +101,76 @@ def _legacy(metric: Metric) -> bool:
     return all(_LEGACY_NAME.fullmatch(n) for n in names) and all(_LEGACY_LABEL.fullmatch(label) for label in labels)
 
 
-def _series(name: str, labels: dict[str, str]) -> str:
-    """`name{a="x",b="y"}`, labels sorted; remembered, since a series keeps its labels from scrape to scrape."""
-    key = (name, *labels.items())
-    text = _SERIES.get(key)
-    if text is None:
-        if len(_SERIES) >= _CACHE_LIMIT:  # series come and go (targets, errnos): start afresh rather than grow
-            _SERIES.clear()
-        text = _SERIES[key] = _series_text(name, labels)
-    return text
+class TextExposition:
+    """Writes the text format, remembering the text of series and numbers from one scrape to the next: a
+    series keeps its labels from scrape to scrape, and counts and bounds repeat. Caches, not state: a fresh
+    one writes the same bytes, only slower."""
 
+    def __init__(self) -> None:
+        self._series: dict[tuple[str | tuple[str, str], ...], str] = {}
+        self._numbers: dict[float, str] = {}
 
-def _number(value: float) -> str:
-    text = _NUMBERS.get(value)
-    if text is None:
-        text = floatToGoString(value)
-        # Counts and bounds repeat; zero is not kept (-0.0 == 0.0 would share its text), nor NaN (never equal).
-        if value and value == value:
-            if len(_NUMBERS) >= _CACHE_LIMIT // 8:  # one-off floats (sums, ages) filled it: start afresh
-                _NUMBERS.clear()
-            _NUMBERS[value] = text
-    return text
+    def generate(self, registry: Collector) -> bytes:
+        """What generate_latest(registry) returns, for the default (underscores) escaping."""
+        output: list[str] = []
+        for metric in registry.collect():
+            if isinstance(metric, SeriesFamily) or _legacy(metric):
+                output.extend(self._family(metric))
+            else:
+                output.append(generate_latest(_One(metric)).decode("utf-8"))
+        return "".join(output).encode("utf-8")
 
+    def _series_of(self, name: str, labels: dict[str, str]) -> str:
+        """`name{a="x",b="y"}`, labels sorted."""
+        key: tuple[str | tuple[str, str], ...] = (name, *labels.items())
+        text = self._series.get(key)
+        if text is None:
+            if len(self._series) >= _CACHE_LIMIT:  # series come and go (targets, errnos): start afresh
+                self._series.clear()
+            text = self._series[key] = _series_text(name, labels)
+        return text
 
-def _family(metric: Metric) -> list[str]:
-    name = metric.name + ("_total" if metric.type == "counter" else "_info" if metric.type == "info" else "")
-    help_text = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-    out = [f"# HELP {name} {help_text}\n", f"# TYPE {name} {_TYPES.get(metric.type, metric.type)}\n"]
-    if isinstance(metric, SeriesFamily):
-        out.extend(metric.lines())
+    def _number(self, value: float) -> str:
+        text = self._numbers.get(value)
+        if text is None:
+            text = floatToGoString(value)
+            # Counts and bounds repeat; zero is not kept (-0.0 == 0.0 would share its text), nor NaN (never equal).
+            if value and value == value:
+                if len(self._numbers) >= _CACHE_LIMIT // 8:  # one-off floats (sums, ages) filled it: start afresh
+                    self._numbers.clear()
+                self._numbers[value] = text
+        return text
+
+    def _family(self, metric: Metric) -> list[str]:
+        name = metric.name + ("_total" if metric.type == "counter" else "_info" if metric.type == "info" else "")
+        help_text = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        out = [f"# HELP {name} {help_text}\n", f"# TYPE {name} {_TYPES.get(metric.type, metric.type)}\n"]
+        if isinstance(metric, SeriesFamily):
+            out.extend(metric.lines(self._numbers, self._number))
+            return out
+        om: dict[str, list[str]] = {}
+        om_names = {metric.name + suffix: suffix for suffix in _OM_SUFFIXES}
+        for sample in metric.samples:
+            if sample.labels:
+                line = f"{self._series_of(sample.name, sample.labels)} {self._number(sample.value)}"
+            else:
+                line = f"{sample.name} {self._number(sample.value)}"
+            if sample.timestamp is not None:
+                line += f" {int(float(sample.timestamp) * 1000):d}"
+            line += "\n"
+            suffix = om_names.get(sample.name)
+            if suffix is None:
+                out.append(line)
+            else:
+                om.setdefault(suffix, []).append(line)
+        for suffix, lines in sorted(om.items()):
+            out.append(f"# HELP {metric.name}{suffix} {help_text}\n")
+            out.append(f"# TYPE {metric.name}{suffix} gauge\n")
+            out.extend(lines)
         return out
-    om: dict[str, list[str]] = {}
-    om_names = {metric.name + suffix: suffix for suffix in _OM_SUFFIXES}
-    for sample in metric.samples:
-        if sample.labels:
-            line = f"{_series(sample.name, sample.labels)} {_number(sample.value)}"
-        else:
-            line = f"{sample.name} {_number(sample.value)}"
-        if sample.timestamp is not None:
-            line += f" {int(float(sample.timestamp) * 1000):d}"
-        line += "\n"
-        suffix = om_names.get(sample.name)
-        if suffix is None:
-            out.append(line)
-        else:
-            om.setdefault(suffix, []).append(line)
-    for suffix, lines in sorted(om.items()):
-        out.append(f"# HELP {metric.name}{suffix} {help_text}\n")
-        out.append(f"# TYPE {metric.name}{suffix} gauge\n")
-        out.extend(lines)
-    return out
 
 
 def generate_text(registry: Collector) -> bytes:
-    """What generate_latest(registry) returns, for the default (underscores) escaping."""
-    output: list[str] = []
-    for metric in registry.collect():
-        if isinstance(metric, SeriesFamily) or _legacy(metric):
-            output.extend(_family(metric))
-        else:
-            output.append(generate_latest(_One(metric)).decode("utf-8"))
-    return "".join(output).encode("utf-8")
+    """What generate_latest(registry) returns, for the default (underscores) escaping; with no cache kept (the
+    server keeps a TextExposition)."""
+    return TextExposition().generate(registry)

@@ -8,7 +8,9 @@ public contract: renaming one means keeping the old series as well until dashboa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -21,7 +23,7 @@ from prometheus_client.core import (
 from . import diskstats
 from .exposition import Series, SeriesFamily, series
 
-_FAMILIES = {
+_FAMILIES: dict[str, Callable[..., Metric]] = {
     "counter": CounterMetricFamily,
     "gauge": GaugeMetricFamily,
     "histogram": HistogramMetricFamily,
@@ -29,16 +31,50 @@ _FAMILIES = {
 }
 
 
-@dataclass(frozen=True)
-class MetricSpec:
+F = TypeVar("F", bound=Metric)
+
+
+@dataclass(frozen=True, init=False)
+class MetricSpec(Generic[F]):
+    """One family's declaration. A literal `kind` gives the type family() returns (MetricSpec[GaugeMetricFamily]
+    for "gauge"), so that a collector's add_metric() calls are checked against that family's."""
+
     name: str  # the family name; counters add _total to their sample, histograms and summaries _bucket etc.
     kind: str  # counter, gauge, histogram or summary
     help: str
     labels: tuple[str, ...]
 
-    def family(self) -> Metric:
+    @overload
+    def __init__(
+        self: MetricSpec[CounterMetricFamily], name: str, kind: Literal["counter"], help: str, labels: tuple[str, ...]
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: MetricSpec[GaugeMetricFamily], name: str, kind: Literal["gauge"], help: str, labels: tuple[str, ...]
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: MetricSpec[HistogramMetricFamily],
+        name: str,
+        kind: Literal["histogram"],
+        help: str,
+        labels: tuple[str, ...],
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: MetricSpec[SummaryMetricFamily], name: str, kind: Literal["summary"], help: str, labels: tuple[str, ...]
+    ) -> None: ...
+    @overload
+    def __init__(self: MetricSpec[Any], name: str, kind: str, help: str, labels: tuple[str, ...]) -> None: ...
+    def __init__(self, name: str, kind: str, help: str, labels: tuple[str, ...]) -> None:
+        if kind not in _FAMILIES:
+            raise ValueError(f"{name}: kind {kind!r} is not one of {', '.join(_FAMILIES)}")
+        for attribute, value in (("name", name), ("kind", kind), ("help", help), ("labels", labels)):
+            object.__setattr__(self, attribute, value)  # frozen
+
+    def family(self) -> F:
         """A fresh, empty family for one scrape."""
-        return _FAMILIES[self.kind](self.name, self.help, labels=list(self.labels))
+        return cast(F, _FAMILIES[self.kind](self.name, self.help, labels=list(self.labels)))
 
     def series_family(self) -> SeriesFamily:
         """A fresh, empty family for one scrape, filled from Series made by series()."""
@@ -155,7 +191,7 @@ PROBE_LATENCY = MetricSpec(
 )
 # The same family with the touch label, as it was before the split moved to the recent summary alone
 # (defaults.histogram_by_touch: true); every rule and panel sums over touch, so both layouts serve them.
-PROBE_LATENCY_BY_TOUCH = MetricSpec(PROBE_LATENCY.name, PROBE_LATENCY.kind, PROBE_LATENCY.help, PROBE_TOUCH)
+PROBE_LATENCY_BY_TOUCH = replace(PROBE_LATENCY, labels=PROBE_TOUCH)
 PROBE_LATENCY_RECENT = MetricSpec(
     "volprobe_probe_latency_recent_seconds",
     "summary",
@@ -360,7 +396,7 @@ WARMUP_STATE = MetricSpec("volprobe_warmup_state", "gauge", "1 for the warm-up's
 class DiskMetric:
     field: str  # of diskstats.DiskStats
     scale: float  # to base units
-    spec: MetricSpec
+    spec: MetricSpec[Any]
 
 
 def _disk(field: str, suffix: str, kind: str, help_text: str, scale: float = 1) -> DiskMetric:
@@ -397,7 +433,7 @@ DISK_FLUSH_TIME = _disk(
 )
 
 DISK_METRICS: tuple[DiskMetric, ...] = tuple(v for v in list(globals().values()) if isinstance(v, DiskMetric))
-ALL: tuple[MetricSpec, ...] = (
+ALL: tuple[MetricSpec[Any], ...] = (
     *(v for v in list(globals().values()) if isinstance(v, MetricSpec)),
     *(d.spec for d in DISK_METRICS),
 )

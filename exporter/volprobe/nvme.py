@@ -170,7 +170,7 @@ def get_log_page_command(buffer_address: int, length: int = PAGE_SIZE) -> bytear
 
 
 def _ioctl(fd: int, request: int, command: bytearray) -> int:
-    return fcntl.ioctl(fd, request, command, True)
+    return int(fcntl.ioctl(fd, request, command, True))
 
 
 def read_log_page(devnode: str, ioctl: Ioctl = _ioctl) -> bytes:

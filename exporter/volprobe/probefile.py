@@ -25,6 +25,7 @@ import stat
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from .safety import Refused
 
@@ -139,7 +140,7 @@ def _open_no_link(name: str, flags: int, dir_fd: int | None = None, path: str = 
         raise
 
 
-def _read_header_of(fd: int) -> dict | None:
+def _read_header_of(fd: int) -> dict[str, Any] | None:
     buffer = mmap.mmap(-1, _HEADER_READ)  # page aligned, as an O_DIRECT descriptor needs
     try:
         view = memoryview(buffer)
@@ -158,7 +159,7 @@ def _read_header_of(fd: int) -> dict | None:
     return header if isinstance(header, dict) else None
 
 
-def read_header(path: str) -> dict | None:
+def read_header(path: str) -> dict[str, Any] | None:
     """The header of an existing probe file, or None if the file is not one of ours (or not a regular file)."""
     try:
         fd = os.open(path, os.O_RDONLY | _SAFE_OPEN)

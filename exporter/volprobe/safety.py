@@ -25,6 +25,7 @@ import struct
 import subprocess
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 from .discovery import BlockDevice, Host
 from .state import VolumeIdentity
@@ -35,6 +36,7 @@ MIB = 1024 * 1024
 GUARD_BYTES = MIB
 PROBE_TIMEOUT_S = 10.0
 _BLKGETSIZE64 = 0x80081272
+T = TypeVar("T")
 
 
 class Refused(OSError):
@@ -137,24 +139,25 @@ def _read_ends_of(fd: int, size: int) -> tuple[bytes, bytes]:
     return ends[0], ends[1]
 
 
-def _run_with_timeout(func: Callable[[], object], timeout: float) -> object:
+def _run_with_timeout(func: Callable[[], T], timeout: float) -> T:
     """Run blocking device I/O in a daemon thread; a stalled device then costs a timeout, not a hang."""
-    result: dict[str, object] = {}
+    values: list[T] = []
+    errors: list[BaseException] = []
 
     def target() -> None:
         try:
-            result["value"] = func()
+            values.append(func())
         except BaseException as err:
-            result["error"] = err
+            errors.append(err)
 
     thread = threading.Thread(target=target, name="volprobe-safety", daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
         raise TimeoutError(f"the device did not answer within {timeout:.0f}s")
-    if "error" in result:
-        raise result["error"]  # type: ignore[misc]
-    return result.get("value")
+    if errors:
+        raise errors[0]
+    return values[0]
 
 
 def libblkid_signatures(devnode: str, timeout: float = PROBE_TIMEOUT_S, fd: int | None = None) -> list[str]:
@@ -219,7 +222,7 @@ def raw_write_refusal(
                 return _read_ends(device.devnode, device.size_bytes)
             return _read_ends_of(fd, device.size_bytes)
 
-        head, tail = _run_with_timeout(read, timeout)  # type: ignore[misc]
+        head, tail = _run_with_timeout(read, timeout)
         ours = scan_signatures(head, tail, device.size_bytes)
         theirs = libblkid_signatures(device.devnode, timeout, fd)
     except (OSError, TimeoutError) as err:
@@ -232,7 +235,8 @@ def raw_write_refusal(
 
 def device_size(fd: int) -> int:
     """The size of the block device open on `fd`, as the kernel has it now."""
-    return struct.unpack("Q", fcntl.ioctl(fd, _BLKGETSIZE64, b"\0" * 8))[0]
+    size: int = struct.unpack("Q", fcntl.ioctl(fd, _BLKGETSIZE64, b"\0" * 8))[0]
+    return size
 
 
 def check_raw_descriptor(host: Host, expected: BlockDevice, fd: int, path: str = "") -> None:

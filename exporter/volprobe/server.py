@@ -25,17 +25,25 @@ import time
 from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, generate_latest
 
 from . import __version__
-from .exposition import generate_text
+from .exposition import TextExposition
 from .osthread import name_this_thread
 from .webconfig import TokenBucket, WebConfig, WebConfigWatcher, certificate_sans
 
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
 log = logging.getLogger(__name__)
+
+# What socketserver hands a server's methods: a TCP server's requests are sockets (a UDP server's are pairs).
+_Request = socket.socket | tuple[bytes, socket.socket]
+_Client = tuple[Any, ...]  # (host, port), and flow and scope for IPv6
 
 # A connection's first request head must be in by HEAD_DEADLINE_S after it is accepted, the TLS handshake
 # included; a later one on a kept-alive connection may take REQUEST_TIMEOUT_S to begin (idle), then has
@@ -131,6 +139,7 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         self.telemetry_path = telemetry_path
         self.ready = threading.Event()
         self.renders = SharedRender(self._render)
+        self.text = TextExposition()  # remembers series' text from one scrape to the next
         self._stop_reading, self._stop_writing = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._stopping = False
         self._stopped = threading.Event()
@@ -138,7 +147,8 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         self._bucket: TokenBucket | None = None  # rate_limit: one per listener, as in exporter-toolkit
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._refusal_logged = -60.0  # monotonic time of the last warning that the cap was reached
-        super().__init__((host or "::", address[1]), _Handler)
+        # finish_request() makes each _Handler itself, with its head's deadline: socketserver never calls it.
+        super().__init__((host or "::", address[1]), _Handler)  # type: ignore[arg-type]
 
     def serve_forever(self, poll_interval: float = 0.0) -> None:
         """Accept until shutdown(). socketserver's loop wakes every poll_interval to look for a shutdown
@@ -153,7 +163,7 @@ class ExporterHTTPServer(ThreadingHTTPServer):
                 while not self._stopping:
                     for key, _ in selector.select():
                         if key.fileobj is self and not self._stopping:
-                            self._handle_request_noblock()
+                            self._handle_request_noblock()  # type: ignore[attr-defined]  # not in typeshed
         finally:
             self._stopped.set()
 
@@ -182,7 +192,7 @@ class ExporterHTTPServer(ThreadingHTTPServer):
     def _render(self, accept: str) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)
         if encoder is generate_latest:  # the text format: the same bytes, rendered faster
-            return generate_text(self.registry), content_type
+            return self.text.generate(self.registry), content_type
         return encoder(self.registry), content_type
 
     def server_bind(self) -> None:
@@ -193,7 +203,7 @@ class ExporterHTTPServer(ThreadingHTTPServer):
                 pass
         super().server_bind()
 
-    def process_request(self, request, client_address) -> None:  # type: ignore[override]
+    def process_request(self, request: _Request, client_address: _Client) -> None:
         """A thread for the connection if fewer than MAX_CONNECTIONS are open; beyond, it is closed at once."""
         if not self._slots.acquire(blocking=False):
             self.shutdown_request(request)
@@ -212,16 +222,17 @@ class ExporterHTTPServer(ThreadingHTTPServer):
             self._slots.release()
             raise
 
-    def process_request_thread(self, request, client_address) -> None:  # type: ignore[override]
+    def process_request_thread(self, request: _Request, client_address: _Client) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
 
-    def finish_request(self, request, client_address) -> None:  # type: ignore[override]
+    def finish_request(self, request: _Request, client_address: _Client) -> None:
         deadline = time.monotonic() + HEAD_DEADLINE_S  # for the first request's head, the handshake included
+        assert isinstance(request, socket.socket)  # a TCP server's
         config = self.web.current()
-        connection = request
+        connection: socket.socket = request
         # The headers and the body go out in two writes; with Nagle's algorithm the body's last segment would
         # wait for the client's delayed ACK of the headers (40 ms on Linux). Go's servers set this too.
         with contextlib.suppress(OSError):
@@ -245,14 +256,16 @@ class ExporterHTTPServer(ThreadingHTTPServer):
             if connection is not request:
                 connection.close()
 
-    def handle_error(self, request, client_address) -> None:  # type: ignore[override]
+    def handle_error(self, request: _Request, client_address: _Client) -> None:
         log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
 
 
 def _allowed(connection: ssl.SSLSocket, allowed: tuple[str, ...]) -> bool:
     """client_allowed_sans: the verified client certificate names one of them."""
     certificate = connection.getpeercert()
-    return bool(certificate) and any(name in allowed for name in certificate_sans(certificate))
+    if not certificate:
+        return False
+    return any(name in allowed for name in certificate_sans(certificate))
 
 
 class _HeadTooLarge(Exception):
@@ -269,7 +282,7 @@ class _DeadlineIO(socket.SocketIO):
         self.connection = connection
         self.deadline: float | None = None
 
-    def readinto(self, buffer) -> int | None:  # type: ignore[override]
+    def readinto(self, buffer: WriteableBuffer) -> int | None:
         if self.deadline is not None:
             left = self.deadline - time.monotonic()
             if left <= 0:
@@ -286,7 +299,9 @@ class _Handler(BaseHTTPRequestHandler):
     # error page bare).
     default_request_version = "HTTP/1.0"
 
-    def __init__(self, request, client_address, server: ExporterHTTPServer, head_deadline: float) -> None:
+    def __init__(
+        self, request: socket.socket, client_address: _Client, server: ExporterHTTPServer, head_deadline: float
+    ) -> None:
         self._head_deadline = head_deadline  # the first request's: set at accept
         self._heads = 0  # request heads begun on this connection
         super().__init__(request, client_address, server)  # serves the connection
@@ -295,9 +310,9 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         self.rfile.close()  # the socket's own reader: replaced by one that keeps the head's deadline
         self._reader = _DeadlineIO(self.connection)
-        self.rfile = io.BufferedReader(self._reader)
+        self.rfile = self._buffered = io.BufferedReader(self._reader)
 
-    def log_message(self, format: str, *args) -> None:
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
     def _send(self, status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None) -> None:
@@ -335,14 +350,14 @@ class _Handler(BaseHTTPRequestHandler):
         unanswered: the client closed it, was idle past REQUEST_TIMEOUT_S, or missed the head's deadline."""
         try:
             if self._heads:  # kept alive: the next request may take the idle timeout to begin
-                if not self.rfile.peek(1):
+                if not self._buffered.peek(1):
                     return None
                 self._head_deadline = time.monotonic() + HEAD_DEADLINE_S
             self._heads += 1
             self._reader.deadline = self._head_deadline
             head = bytearray()
             while True:
-                line = self.rfile.readline(HEAD_MAX_BYTES + 1 - len(head))
+                line = self._buffered.readline(HEAD_MAX_BYTES + 1 - len(head))
                 head += line
                 if len(head) > HEAD_MAX_BYTES:
                     raise _HeadTooLarge

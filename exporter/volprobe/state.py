@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from .discovery import BlockDevice
 
@@ -313,7 +313,7 @@ def _int_in(value: object, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
 
 
-def _state_problem(document: dict) -> str | None:
+def _state_problem(document: dict[str, Any]) -> str | None:
     """What makes a volume state of this version unusable, if anything. Whatever is accepted must never make a
     later write raise, in a probe's thread: `created` is written as an int, and the probe cursors' numbers are
     read back as positions and keys."""
@@ -477,7 +477,7 @@ class ProbeCursor:
             self._write(used, used)
 
 
-def _valid_cursor(entry: Any) -> bool:
+def _valid_cursor(entry: object) -> TypeGuard[dict[str, Any]]:
     """A probe cursor's entry as any version wrote it (the first wrote only `key` and `next`): a 64-bit key,
     positions in range, and at most MAX_GAPS gaps, each a pair of positions."""
     if not isinstance(entry, dict):
@@ -518,7 +518,7 @@ class SectionCheckpoint:
         self.where = f"{volume.path or '(no state directory)'} [{section}]"
 
     def read(self) -> object | None:
-        value = self.volume.get(self.section)
+        value: object = self.volume.get(self.section)
         if value is None and self.earlier is not None:
             return self.earlier.read()
         return value
@@ -530,7 +530,7 @@ class SectionCheckpoint:
             return self.earlier.set_aside()
         return ""
 
-    def write(self, document: dict) -> None:
+    def write(self, document: dict[str, Any]) -> None:
         if not self.volume.put(self.section, document):
             raise OSError(self.volume.problem or "the volume state cannot be written")
         earlier, self.earlier = self.earlier, None

@@ -178,13 +178,13 @@ def resolve(config: Config, host: Host, targets: list[TargetConfig] | None = Non
             found.host = host
             resolved.append(found)
     names: dict[str, str] = {}
-    for target in resolved:
-        if target.name in names:
+    for one in resolved:
+        if one.name in names:
             problems.append(
-                f"{target.config.key}.name: {target.name!r} is also the name of {names[target.name]}; "
+                f"{one.config.key}.name: {one.name!r} is also the name of {names[one.name]}; "
                 f"give the targets distinct names"
             )
-        names[target.name] = target.config.key
+        names[one.name] = one.config.key
     if problems:
         raise ConfigError(problems)
     return resolved

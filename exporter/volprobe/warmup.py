@@ -24,9 +24,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from . import capabilities
+from .capabilities import Capabilities, set_idle_priority
 from .config import WarmupConfig
 from .probe import WriteData
 from .safety import GUARD_BYTES
@@ -50,7 +50,7 @@ class Identity:
     block_size: int
     mode: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {"device": self.device, "size": self.size, "block_size": self.block_size, "mode": self.mode}
 
 
@@ -183,7 +183,7 @@ class Checkpoint(Protocol):
     def read(self) -> object | None:
         """The saved document, None if there is none; OSError or ValueError if it cannot be read."""
 
-    def write(self, document: dict) -> None:
+    def write(self, document: dict[str, Any]) -> None:
         """Replace the saved document atomically; OSError if it cannot be written."""
 
 
@@ -194,7 +194,8 @@ class FileCheckpoint:
     def read(self) -> object | None:
         """As a volume state is read (volprobe.state.read_state_file): ValueError for anything but a small
         regular file of sane JSON, neither a link followed nor a FIFO waited on."""
-        return read_state_file(self.path)
+        document: object = read_state_file(self.path)
+        return document
 
     def set_aside(self) -> str:
         """Keep a corrupt checkpoint for a human, as a corrupt volume state is; the next save starts a new one."""
@@ -203,7 +204,7 @@ class FileCheckpoint:
         except OSError as err:
             return f"could not be moved aside ({err.strerror})"
 
-    def write(self, document: dict) -> None:
+    def write(self, document: dict[str, Any]) -> None:
         write_atomically(self.path, json.dumps(document))
 
 
@@ -298,14 +299,23 @@ class WarmupJob:
     opener: Callable[[int], int] | None = None  # opens the device (flags) -> fd; write mode passes O_EXCL etc.
     on_progress: Callable[[Progress], None] | None = None
     earlier_identities: tuple[Identity, ...] = ()  # see load_state
+    # Where whether the idle I/O class could be had is recorded: the exporter's, or the job's own.
+    capabilities: Capabilities = field(default_factory=Capabilities)
     progress: Progress = field(init=False)
 
     @classmethod
     def for_target(
-        cls, target: ResolvedTarget, spec: WarmupConfig, store: StateStore | None, *, state_path: str | None = None
+        cls,
+        target: ResolvedTarget,
+        spec: WarmupConfig,
+        store: StateStore | None,
+        *,
+        state_path: str | None = None,
+        capabilities: Capabilities | None = None,
     ) -> WarmupJob:
         """The warm-up of a resolved device target; resolve() has made every check (block size, blankness for
-        write mode). Progress is kept in `state_path` if given, else in the volume's state in `store`."""
+        write mode). Progress is kept in `state_path` if given, else in the volume's state in `store`. Whether the
+        idle I/O class could be had goes to `capabilities` (the exporter's), else to the job's own."""
         device = target.device
         opener = target.open_raw if spec.mode == "write" else None
         checkpoint: Checkpoint | None = None
@@ -313,8 +323,8 @@ class WarmupJob:
             checkpoint = FileCheckpoint(state_path)
         elif store is not None and store.directory:
             # A checkpoint file of an earlier version (named after the target) is carried over, not lost.
-            earlier = FileCheckpoint(os.path.join(store.directory, legacy_state_file(target.name)))
-            checkpoint = SectionCheckpoint(store.volume(device), "warmup", earlier)
+            legacy = FileCheckpoint(os.path.join(store.directory, legacy_state_file(target.name)))
+            checkpoint = SectionCheckpoint(store.volume(device), "warmup", legacy)
         stable = device.volume_id or device.wwn or device.serial or device.backing_file or os.path.realpath(target.path)
         identity = Identity(stable, device.size_bytes, spec.block_size, spec.mode)
         # Before loop devices were known by their backing file, their warm-ups were keyed on the device path.
@@ -330,11 +340,19 @@ class WarmupJob:
             spec.idle_priority,
             opener=opener,
             earlier_identities=earlier,
+            capabilities=capabilities if capabilities is not None else Capabilities(),
         )
 
     @property
     def state_path(self) -> str | None:
         return self.checkpoint.where if self.checkpoint else None
+
+    def __post_init__(self) -> None:
+        phases = 2 if self.identity.mode == "write" else 1
+        self.progress = Progress(self.identity.size, self.identity.block_size, phases)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._save_failed = False
 
     def _save(self, phase: str, extents: Extents) -> None:
         """Checkpoint; a state that cannot be written costs resumability, not the warm-up."""
@@ -346,13 +364,6 @@ class WarmupJob:
             if not self._save_failed:
                 log.warning("warm-up of %s: cannot save progress to %s: %s", self.path, self.checkpoint.where, err)
             self._save_failed = True
-
-    def __post_init__(self) -> None:
-        phases = 2 if self.identity.mode == "write" else 1
-        self.progress = Progress(self.identity.size, self.identity.block_size, phases)
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._save_failed = False
 
     def stop(self) -> None:
         self._stop.set()
@@ -433,7 +444,7 @@ class WarmupJob:
 
         def worker() -> None:
             if self.idle_priority:
-                set_idle_priority()
+                set_idle_priority(self.capabilities)
             buffer = mmap.mmap(-1, progress.block_size)
             data = WriteData(buffer) if phase == "write" else None
             try:
@@ -495,18 +506,6 @@ class WarmupJob:
         if errors:
             self._save(phase, extents)
             raise errors[0]
-
-
-def set_idle_priority() -> None:
-    """Idle I/O class for the calling thread only (ioprio is per thread on Linux), so production comes first."""
-    try:
-        import psutil
-
-        psutil.Process(threading.get_native_id()).ionice(psutil.IOPRIO_CLASS_IDLE)
-    except Exception as err:  # not Linux, or not permitted (a seccomp filter): run at normal priority
-        capabilities.record(capabilities.IDLE_IO_PRIORITY, False, f"ioprio_set: {err}; warm-ups run at normal priority")
-    else:
-        capabilities.record(capabilities.IDLE_IO_PRIORITY, True)
 
 
 def legacy_state_file(target_name: str) -> str:

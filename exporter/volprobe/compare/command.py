@@ -14,32 +14,16 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from .. import units
 from ..state import write_atomically
 from . import html, source, verdict
 from .html import MissingExtra
+from .report import Report
 
 EXIT_ERROR = 2
 WARMING_PENALTY = 2.0  # first touches this many times slower than repeats: the volume is still warming up
-
-
-@dataclass
-class Report:
-    baseline: source.Side
-    candidate: source.Side
-    op: str
-    period: float
-    tolerance: float
-    results: list[verdict.Comparison]
-    warnings: list[str]
-    different_specs: bool
-
-    @property
-    def verdict(self) -> str:
-        return verdict.overall(self.results)
 
 
 def _when(t: float) -> str:
@@ -147,7 +131,7 @@ def build(args: argparse.Namespace, api: source.PrometheusAPI) -> Report:
 
 
 def as_json(report: Report) -> str:
-    def quantile(q: verdict.Quantile) -> dict:
+    def quantile(q: verdict.Quantile) -> dict[str, object]:
         return {"estimate_seconds": _finite(q.estimate), "bucket": [_finite(q.lower), _finite(q.upper)]}
 
     return json.dumps(
@@ -204,7 +188,7 @@ def _finite(value: float) -> float | None:
 
 def table(report: Report) -> list[tuple[str, ...]]:
     """The quantile table, header first, as text cells (markdown and HTML)."""
-    rows = [("quantile", "baseline", "candidate", "ratio", "95% interval", "verdict", "why")]
+    rows: list[tuple[str, ...]] = [("quantile", "baseline", "candidate", "ratio", "95% interval", "verdict", "why")]
     for r in report.results:
         rows.append(
             (

@@ -12,8 +12,15 @@ import html
 import io
 import math
 from datetime import UTC, datetime
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from . import verdict
+from .report import Report
+
+if TYPE_CHECKING:
+    from matplotlib.axis import Axis
+    from matplotlib.figure import Figure
 
 PLOT_QUANTILES = (0.5, 0.99)
 COLOURS = {"baseline": "#1f77b4", "candidate": "#d62728"}
@@ -23,7 +30,7 @@ class MissingExtra(Exception):
     """matplotlib is not installed."""
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
     try:
         import matplotlib
     except ImportError:
@@ -34,14 +41,14 @@ def _pyplot():
     return plt
 
 
-def _svg(figure) -> str:
+def _svg(figure: Figure) -> str:
     out = io.StringIO()
     figure.savefig(out, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = out.getvalue()
     return text[text.index("<svg") :]  # inline: without the XML prologue
 
 
-def _over_time(plt, report) -> str:
+def _over_time(plt: ModuleType, report: Report) -> str:
     figure, axes = plt.subplots(figsize=(9, 3.6))
     for name, side in (("baseline", report.baseline), ("candidate", report.candidate)):
         when = [datetime.fromtimestamp(e, UTC) for e in side.ends]
@@ -58,7 +65,7 @@ def _over_time(plt, report) -> str:
     return _finish(plt, figure)
 
 
-def _cdf(plt, report) -> str:
+def _cdf(plt: ModuleType, report: Report) -> str:
     figure, axes = plt.subplots(figsize=(9, 3.6))
     shown: list[float] = []
     for name, side in (("baseline", report.baseline), ("candidate", report.candidate)):
@@ -91,7 +98,7 @@ def _cdf(plt, report) -> str:
     return _finish(plt, figure)
 
 
-def _ratios(plt, report) -> str:
+def _ratios(plt: ModuleType, report: Report) -> str:
     figure, axes = plt.subplots(figsize=(9, 3.2))
     results = [r for r in report.results if math.isfinite(r.ratio)]
     labels = [f"p{r.q * 100:g}" for r in results]
@@ -111,7 +118,7 @@ def _ratios(plt, report) -> str:
     return _finish(plt, figure)
 
 
-def _plain_numbers(axis, minor: bool = True) -> None:
+def _plain_numbers(axis: Axis, minor: bool = True) -> None:
     """1.5 rather than 1.5x10^0 on a log axis."""
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
@@ -119,14 +126,14 @@ def _plain_numbers(axis, minor: bool = True) -> None:
     axis.set_minor_formatter(ScalarFormatter() if minor else NullFormatter())
 
 
-def _finish(plt, figure) -> str:
+def _finish(plt: ModuleType, figure: Figure) -> str:
     try:
         return _svg(figure)
     finally:
         plt.close(figure)
 
 
-def render(report, markdown_table: list[tuple[str, ...]]) -> str:
+def render(report: Report, markdown_table: list[tuple[str, ...]]) -> str:
     """The whole page. `markdown_table`: the rows of the quantile table (header first), as text cells."""
     plt = _pyplot()
     e = html.escape

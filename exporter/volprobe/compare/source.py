@@ -12,6 +12,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import metrics
 from .verdict import Histogram
@@ -59,7 +60,7 @@ class PrometheusAPI:
             headers["Authorization"] = f"Basic {pair}"
         return headers
 
-    def _get(self, path: str, params: dict[str, str]) -> list:
+    def _get(self, path: str, params: dict[str, str]) -> list[Any]:
         data = urllib.parse.urlencode(params).encode()
         request = urllib.request.Request(f"{self.url}{path}", data=data, headers=self._headers(), method="POST")
         try:
@@ -75,7 +76,8 @@ class PrometheusAPI:
             raise SourceError(f"{self.url}{path}: {getattr(err, 'reason', err)}") from None
         if body.get("status") != "success":
             raise SourceError(f"{self.url}{path}: {body.get('errorType', '')} {body.get('error', '')}".strip())
-        return body["data"]["result"]
+        result: list[Any] = body["data"]["result"]
+        return result
 
     def query(self, expr: str, at: float) -> list[tuple[dict[str, str], float]]:
         result = self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})

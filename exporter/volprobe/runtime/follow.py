@@ -14,8 +14,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
-from .. import capabilities, supervise
+from .. import supervise
 from .. import targets as targets_mod
+from ..capabilities import PROCESS, UDEV_MONITOR, Capabilities
 from ..config import Config, ConfigError, DiscoveryConfig, TargetConfig
 from ..discovery import SKIP_BY_DEFAULT, Host
 from ..osthread import name_this_thread
@@ -85,8 +86,10 @@ class DeviceFollower:
         start: Callable[[list[ResolvedTarget]], None],
         stop: Callable[[list[ResolvedTarget], float, str], None],
         warm: Callable[[list[ResolvedTarget], bool], None] = lambda _targets, _appeared: None,
+        capabilities: Capabilities = PROCESS,
     ) -> None:
         self.host = host
+        self.capabilities = capabilities  # whether the udev monitor could be had
         self.probes = probes
         self.lock = lock  # the exporter's: rescans and reloads one at a time
         self._start_targets = start
@@ -121,7 +124,7 @@ class DeviceFollower:
             self._there_at_start, self._names_at_start = self._identities(found), set(found)
         if self._thread is None:
             if not self._udev_tried:
-                self._udev_tried, self._events = True, udev_events()
+                self._udev_tried, self._events = True, udev_events(self.capabilities)
             self._stopping = stopping = threading.Event()
             self._thread = threading.Thread(target=self._follow, args=(stopping,), name="device follower", daemon=True)
             self._thread.start()
@@ -222,10 +225,11 @@ class DeviceFollower:
         return ""
 
 
-def udev_events() -> threading.Event | None:
-    """An Event set on every block-device udev event, where udevd runs; None elsewhere (rescans do the work)."""
+def udev_events(capabilities: Capabilities) -> threading.Event | None:
+    """An Event set on every block-device udev event, where udevd runs; None elsewhere (rescans do the work).
+    Whether the monitor could be had goes to `capabilities`."""
     if not os.path.isdir("/run/udev"):
-        capabilities.record(capabilities.UDEV_MONITOR, False, "no udevd (/run/udev is missing); rescanning sysfs")
+        capabilities.record(UDEV_MONITOR, False, "no udevd (/run/udev is missing); rescanning sysfs")
         return None
     try:
         import pyudev
@@ -237,8 +241,8 @@ def udev_events() -> threading.Event | None:
         observer = pyudev.MonitorObserver(monitor, callback=lambda _device: event.set(), name="udev monitor")
         observer.daemon = True
         observer.start()
-        capabilities.record(capabilities.UDEV_MONITOR, True)
+        capabilities.record(UDEV_MONITOR, True)
         return event
     except Exception as err:  # no netlink (RestrictAddressFamilies, a container), or libudev missing
-        capabilities.record(capabilities.UDEV_MONITOR, False, f"{err}; following devices by rescanning sysfs")
+        capabilities.record(UDEV_MONITOR, False, f"{err}; following devices by rescanning sysfs")
         return None

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from .. import capabilities, nvme, supervise
+from .. import nvme, supervise
+from ..capabilities import NVME_ADMIN, PROCESS, Capabilities
 from ..discovery import Host
 from ..osthread import name_this_thread
 
@@ -67,7 +68,7 @@ class DeviceReadings:
         then, oldest = older[-1] if older else self.readings[0]
         if now - then < window / 2:
             return None
-        grown = getattr(newest, attribute) - getattr(oldest, attribute)
+        grown: float = getattr(newest, attribute) - getattr(oldest, attribute)
         return max(0.0, min(1.0, grown / (now - then)))
 
 
@@ -104,8 +105,10 @@ class ProviderStats:
         disks: Callable[[], set[str]],
         on_verdict: Callable[[str, bool], None] = lambda _disk, _throttled: None,
         interval: float = POLL_INTERVAL_S,
+        capabilities: Capabilities = PROCESS,
     ) -> None:
         self.host = host
+        self.capabilities = capabilities  # whether the NVMe admin command is permitted
         self.disks = disks  # the whole disks under the running targets
         self.on_verdict = on_verdict  # (disk, throttled at some limit): the probes back off as for a plateau
         self._throttled: set[str] = set()
@@ -235,7 +238,7 @@ class ProviderStats:
             self._say(disk, "unsupported", logging.INFO, f"no provider statistics for {disk}: {err}")
             return
         except nvme.NotPermitted as err:
-            capabilities.record(capabilities.NVME_ADMIN, False, f"{err}; provider statistics are not read")
+            self.capabilities.record(NVME_ADMIN, False, f"{err}; provider statistics are not read")
             self._unsupported[identity] = now
             return
         except (OSError, ValueError) as err:
@@ -245,17 +248,17 @@ class ProviderStats:
             self._say(disk, "error", logging.WARNING, f"provider statistics of {disk} not read: {err}")
             return
         if not self.test_pages:
-            capabilities.record(capabilities.NVME_ADMIN, True)
+            self.capabilities.record(NVME_ADMIN, True)
         with self._lock:
             readings = self._devices.setdefault(disk, DeviceReadings(stats.kind, max_age=3 * self.interval))
-            raw, latest = stats, readings.latest
+            raw, latest, earlier_raw = stats, readings.latest, readings.raw
             stats = replace(
                 stats,
                 read_latency=stats.read_latency.unwrap(
-                    latest and latest.read_latency, readings.raw and readings.raw.read_latency
+                    latest.read_latency if latest else None, earlier_raw.read_latency if earlier_raw else None
                 ),
                 write_latency=stats.write_latency.unwrap(
-                    latest and latest.write_latency, readings.raw and readings.raw.write_latency
+                    latest.write_latency if latest else None, earlier_raw.write_latency if earlier_raw else None
                 ),
             )
             readings.kind, readings.up, readings.raw = stats.kind, True, raw

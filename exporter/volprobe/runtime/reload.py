@@ -24,12 +24,12 @@ def fingerprint(target: TargetConfig) -> TargetConfig:
     return replace(target, key="", probes=probes, limits=Limits(), warmup=None)
 
 
-def device_identity(device: BlockDevice) -> tuple:
+def device_identity(device: BlockDevice) -> tuple[int, int, int, str]:
     """The same device: same numbers, size and volume (a re-attached volume may get the old numbers)."""
     return device.major, device.minor, device.size_bytes, VolumeIdentity.of(device).key
 
 
-def _identity(target: ResolvedTarget) -> tuple:
+def _identity(target: ResolvedTarget) -> tuple[TargetConfig, str, tuple[int, int, int, str]]:
     return fingerprint(target.config), target.name, device_identity(target.device)
 
 

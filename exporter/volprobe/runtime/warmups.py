@@ -10,7 +10,8 @@ import time
 from dataclasses import dataclass
 
 from .. import supervise
-from ..config import DiscoveryWarmupConfig
+from ..capabilities import PROCESS, Capabilities
+from ..config import DiscoveryWarmupConfig, WarmupConfig
 from ..state import StateStore
 from ..targets import ResolvedTarget
 from ..warmup import WarmupJob
@@ -40,8 +41,9 @@ class _Entry:
 class WarmupManager:
     """The warm-ups of the running targets; stopping one waits for its last checkpoint."""
 
-    def __init__(self, store: StateStore) -> None:
+    def __init__(self, store: StateStore, capabilities: Capabilities = PROCESS) -> None:
         self.store = store
+        self.capabilities = capabilities  # whether the warm-ups could have the idle I/O class
         self._entries: list[_Entry] = []
         self._lock = threading.Lock()
         self._max_concurrent = 1
@@ -52,10 +54,10 @@ class WarmupManager:
             self._entries = [e for e in self._entries if not e.gone or now - e.gone < FAILED_RETENTION_S]
             return [(e.target, e.job) for e in self._entries]
 
-    def _job(self, target: ResolvedTarget, spec_warmup) -> WarmupJob:
+    def _job(self, target: ResolvedTarget, spec_warmup: WarmupConfig) -> WarmupJob:
         if self.store.directory is None:
             self._warn_unresumable(target)
-        return WarmupJob.for_target(target, spec_warmup, self.store)
+        return WarmupJob.for_target(target, spec_warmup, self.store, capabilities=self.capabilities)
 
     @staticmethod
     def _warn_unresumable(target: ResolvedTarget) -> None:
@@ -107,7 +109,7 @@ class WarmupManager:
             with self._lock:
                 if any(e.target is target for e in self._entries):
                     continue
-            job = WarmupJob.for_target(target, spec.warmup, self.store)
+            job = WarmupJob.for_target(target, spec.warmup, self.store, capabilities=self.capabilities)
             phase = job.saved_phase()
             if spec.policy == "new" and not appeared and not (phase or self._queued_before(target)):
                 continue
