@@ -1,6 +1,8 @@
-"""The kinds of probe: what each opens its target with, whether it writes, its default request size.
+"""The kinds of probe: what each opens its target with, the request it makes, whether it writes, its defaults.
 
-Every module that needs to tell a read from a write asks this table, so a new kind of probe is one row here.
+Every module that needs to tell one kind of probe from another asks this table, so a new kind of probe is one
+row here; if its request is not one the timers make yet, that is one function in each timer too, under the
+name its `syscall` gives (_timedio.c's REQUESTS, timer.py's REQUESTS).
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Op:
-    name: str
+    name: str  # the `op` label of its series, and its name in the config and on the command line
     flags: int  # os.open access flags; O_DIRECT (and O_DSYNC for synchronous writes) are added where opened
-    writes: bool
+    syscall: str  # the request, by its name in the timers: "pread" or "pwrite"
+    writes: bool  # stamps its buffer, opens exclusively, only where writes are allowed; reads check for zeros
     default_block_size: int
     arrow: str  # ioping's notation in `volprobe ping`
 
@@ -22,8 +25,8 @@ class Op:
         return self.flags | os.O_DIRECT | (os.O_DSYNC if sync and self.writes else 0)
 
 
-READ = Op("read", os.O_RDONLY, writes=False, default_block_size=4096, arrow="<<<")
-WRITE = Op("write", os.O_RDWR, writes=True, default_block_size=8192, arrow=">>>")
+READ = Op("read", os.O_RDONLY, "pread", writes=False, default_block_size=4096, arrow="<<<")
+WRITE = Op("write", os.O_RDWR, "pwrite", writes=True, default_block_size=8192, arrow=">>>")
 
 OPS: dict[str, Op] = {op.name: op for op in (READ, WRITE)}
 NAMES: tuple[str, ...] = tuple(OPS)

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from . import capabilities
 from .config import WarmupConfig
-from .probe import WriteData
 from .safety import GUARD_BYTES
 from .state import SectionCheckpoint, StateStore, move_aside, read_state_file, write_atomically
+from .timer import WriteData
 
 if TYPE_CHECKING:
     from .targets import ResolvedTarget
