@@ -24,12 +24,26 @@ class Op:
         """Flags of a probe's descriptor: direct I/O always, O_DSYNC for a synchronous write."""
         return self.flags | os.O_DIRECT | (os.O_DSYNC if sync and self.writes else 0)
 
+    @property
+    def direction(self) -> str:
+        """The direction of its requests in the disk's statistics (diskstats, throttle detection)."""
+        return "write" if self.writes else "read"
+
+    @property
+    def past_tense(self) -> str:
+        """What its requests did to their bytes, in a sentence: "4 KiB read", "8 KiB written"."""
+        return "written" if self.writes else "read"
+
 
 READ = Op("read", os.O_RDONLY, "pread", writes=False, default_block_size=4096, arrow="<<<")
 WRITE = Op("write", os.O_RDWR, "pwrite", writes=True, default_block_size=8192, arrow=">>>")
 
 OPS: dict[str, Op] = {op.name: op for op in (READ, WRITE)}
 NAMES: tuple[str, ...] = tuple(OPS)
+
+# The probes of a target whose configuration names none (and of discovered devices, which are only ever read).
+DEVICE_DEFAULTS: tuple[Op, ...] = (READ,)
+DIRECTORY_DEFAULTS: tuple[Op, ...] = (WRITE, READ)  # a directory's writes go to its probe file
 
 
 def get(name: str) -> Op:
