@@ -126,7 +126,10 @@ def test_write_data_is_non_zero_incompressible_and_never_repeats():
 @pytest.mark.root
 @pytest.mark.parametrize("kind", ["c", "python"])
 def test_one_read_and_one_write_on_a_loop_device(make_loop, monkeypatch, kind):
-    if os.environ.get(timer.TEST_TIMER_ENV) != "python":
+    if os.environ.get(timer.TEST_TIMER_ENV) == "python":
+        if kind == "c":
+            pytest.skip(f"the C timer is not in use (${timer.TEST_TIMER_ENV})")
+    else:
         assert probe.TIMER == "c", "the C timer builds wherever the tests run (gcc and Python headers are there)"
     if kind == "python":
         monkeypatch.setattr(timer, "_timedio", None)
