@@ -222,7 +222,7 @@ def test_ping_a_device_and_a_directory(make_loop, mount_fs):
     assert any(line.startswith("p50/p99 = ") for line in lines)
     data = mount_fs(make_loop(64 * MIB, name="fs"))
     result = subprocess.run(
-        volprobe_command("ping", data, "--write", "-c", "3", "-i", "10ms", "--probe-file-size", "4MiB"),
+        volprobe_command("ping", data, "--op", "write", "-c", "3", "-i", "10ms", "--probe-file-size", "4MiB"),
         capture_output=True,
         text=True,
     )

@@ -1,24 +1,16 @@
 /*
- * One direct I/O request timed in C: CLOCK_MONOTONIC read immediately before and after the pread/pwrite
- * and around nothing else, with the GIL released outside both clock reads. This keeps the interpreter (its
- * argument handling, the GIL hand-off, a cold code path after an idle interval) out of the measurement,
- * as fio's C loop does. volprobe falls back to timing in Python when this module could not be built.
+ * A probe's paced loop in C: one direct I/O request after another, each timed by CLOCK_MONOTONIC read
+ * immediately before and after its syscall and around nothing else, without the interpreter. This keeps the
+ * interpreter (its argument handling, the GIL hand-off, a cold code path after an idle interval) out of the
+ * measurement, as fio's C loop does. volprobe falls back to timer.py's PythonTimer when this could not be built.
  *
- * read(fd, buffer, offset, deadline_ns, inflight[, path, flags]) / write(...) -> (bytes, start_ns, end_ns)
- *   Sleeps until deadline_ns (CLOCK_MONOTONIC, absolute; 0 for now), then does the request. Waking and
- *   issuing in one call without the GIL is what fio's loop does: nothing else runs between the two.
- *   With fd -1, `path` is opened with `flags` after the sleep and closed after the request, so that the
- *   device is not held open between probes (an idle volprobe never stops a device from being detached).
- *   inflight is a writable 8-byte buffer (array('q')) that holds start_ns while the request is in flight,
- *   0 otherwise, for scrapes to read. Raises OSError on failure; an open failure carries the path.
- *
- * Loop: a probe worker's whole paced loop, for a batch of offsets at a time, without the interpreter. A paced
- *   probe's cost is its wake-up: Python woken cold once a second spends about 200 us of CPU where fio's C loop
- *   spends its syscalls. Loop.run() does, per offset: wait for the slot's deadline (on a futex, which stop and
- *   slow-down requests wake), stamp the write buffer, open (reads), the timed request, close, the all-zero check,
- *   the pacing (slots passed are skipped and counted, never replayed); and keeps each result for take().
- *   It returns at the end of the batch, at stop, or at the first failure, which Python handles (errors,
- *   back-off, reopen) as it does for one request.
+ * Loop: a probe worker's whole paced loop, for a batch of offsets at a time. A paced probe's cost is its
+ *   wake-up: Python woken cold once a second spends about 200 us of CPU where fio's C loop spends its syscalls.
+ *   Loop.run() does, per offset: wait for the slot's deadline (on a futex, which stop and slow-down requests
+ *   wake), stamp the write buffer, open (fd -1: the device is not held open between probes), the timed request,
+ *   close, the all-zero check, the pacing (slots passed are skipped and counted, never replayed); and keeps each
+ *   result for take(). It returns at the end of the batch, at stop, or at the first failure, which Python
+ *   handles (errors, back-off, reopen). Its interface is timer.py's Timer.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,67 +27,18 @@
 
 static long long ns(const struct timespec *t) { return (long long)t->tv_sec * 1000000000LL + t->tv_nsec; }
 
-static PyObject *timed(PyObject *args, int write) {
-    int fd, flags = 0;
-    Py_buffer buffer, inflight;
-    long long offset, deadline;
-    const char *path = NULL;
-    if (!PyArg_ParseTuple(args, write ? "iy*LLw*|zi" : "iw*LLw*|zi", &fd, &buffer, &offset, &deadline, &inflight,
-                          &path, &flags))
-        return NULL;
-    if (fd < 0 && path == NULL) {
-        PyBuffer_Release(&buffer);
-        PyBuffer_Release(&inflight);
-        PyErr_SetString(PyExc_ValueError, "fd -1 needs a path to open");
-        return NULL;
-    }
-    if (inflight.len < (Py_ssize_t)sizeof(long long)) {
-        PyBuffer_Release(&buffer);
-        PyBuffer_Release(&inflight);
-        PyErr_SetString(PyExc_ValueError, "inflight must hold 8 bytes");
-        return NULL;
-    }
-    volatile long long *marker = (volatile long long *)inflight.buf;
-    struct timespec start, end, wake = {deadline / 1000000000LL, deadline % 1000000000LL};
-    ssize_t done = -1;
-    int error = 0, opened = -1;
-    Py_BEGIN_ALLOW_THREADS
-    if (deadline > 0)
-        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &wake, NULL) == EINTR)
-            ;
-    if (fd < 0) {
-        opened = fd = open(path, flags | O_CLOEXEC);
-        if (fd < 0)
-            error = errno;
-    }
-    if (fd >= 0) {
-        clock_gettime(CLOCK_MONOTONIC, &start);
-        *marker = ns(&start);
-        done = write ? pwrite(fd, buffer.buf, (size_t)buffer.len, offset) : pread(fd, buffer.buf, (size_t)buffer.len, offset);
-        clock_gettime(CLOCK_MONOTONIC, &end);
-        *marker = 0;
-        if (done < 0)
-            error = errno;
-    }
-    if (opened >= 0)
-        close(opened);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&buffer);
-    PyBuffer_Release(&inflight);
-    if (fd < 0) {
-        errno = error;
-        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
-    }
-    if (done < 0) {
-        errno = error;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    return Py_BuildValue("(nLL)", (Py_ssize_t)done, ns(&start), ns(&end));
-}
-
-static PyObject *timed_read(PyObject *self, PyObject *args) { return timed(args, 0); }
-static PyObject *timed_write(PyObject *self, PyObject *args) { return timed(args, 1); }
-
+/* The requests a probe can make, by the name ops.py gives in its `syscall` column (timer.py's REQUESTS has the
+ * same): each moves the whole buffer at offset and returns what pread and pwrite return. */
+typedef ssize_t (*request_fn)(int fd, void *buf, size_t size, off_t offset);
+static ssize_t request_pread(int fd, void *buf, size_t size, off_t offset) { return pread(fd, buf, size, offset); }
+static ssize_t request_pwrite(int fd, void *buf, size_t size, off_t offset) { return pwrite(fd, buf, size, offset); }
+static const struct {
+    const char *name;
+    request_fn request;
+} REQUESTS[] = {
+    {"pread", request_pread},
+    {"pwrite", request_pwrite},
+};
 
 /* -- Loop --------------------------------------------------------------------------------------------- */
 
@@ -104,7 +47,8 @@ enum { RUN_DONE, RUN_STOPPED, RUN_OPEN_FAILED, RUN_IO_FAILED, RUN_SHORT };
 typedef struct {
     PyObject_HEAD
     char *path;
-    int flags, write;
+    int flags, writes; /* writes: stamp the buffer before each request; reads: check it for zeros after */
+    request_fn request;
     unsigned wake_word; /* bumped (and the futex woken) by stop() and set_interval() */
     Py_buffer buffer, inflight; /* held for the object's life */
     /* the schedule: slot k is due at start + k * interval (+ jitter); touched only with the GIL held or by run() */
@@ -188,16 +132,23 @@ static int wait_deadline(Loop *self) {
 }
 
 static int Loop_init(Loop *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"path", "flags", "buffer", "inflight", "write", "jitter", "seed", "counter", NULL};
-    const char *path;
+    static char *kwlist[] = {"path", "flags", "buffer", "inflight", "syscall", "writes", "jitter", "seed", "counter", NULL};
+    const char *path, *syscall;
     unsigned long long seed, counter;
     if (self->path != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Loop is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siw*w*pdKK", kwlist, &path, &self->flags, &self->buffer,
-                                     &self->inflight, &self->write, &self->jitter, &seed, &counter))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siw*w*spdKK", kwlist, &path, &self->flags, &self->buffer,
+                                     &self->inflight, &syscall, &self->writes, &self->jitter, &seed, &counter))
         return -1;
+    for (size_t k = 0; k < sizeof(REQUESTS) / sizeof(REQUESTS[0]); k++)
+        if (strcmp(REQUESTS[k].name, syscall) == 0)
+            self->request = REQUESTS[k].request;
+    if (self->request == NULL) {
+        PyErr_Format(PyExc_ValueError, "unknown syscall %s", syscall);
+        return -1;
+    }
     self->path = strdup(path);
     if (self->inflight.len < (Py_ssize_t)sizeof(long long)) {
         PyErr_SetString(PyExc_ValueError, "inflight must hold 8 bytes");
@@ -304,7 +255,7 @@ static PyObject *Loop_run(Loop *self, PyObject *args) {
             status = RUN_STOPPED;
             break;
         }
-        if (self->write)
+        if (self->writes)
             stamp(self);
         int use = fd;
         if (fd < 0 && (use = open(self->path, self->flags | O_CLOEXEC)) < 0) {
@@ -315,7 +266,7 @@ static PyObject *Loop_run(Loop *self, PyObject *args) {
         struct timespec start, end;
         clock_gettime(CLOCK_MONOTONIC, &start);
         *marker = ns(&start);
-        moved = self->write ? pwrite(use, self->buffer.buf, size, at[i]) : pread(use, self->buffer.buf, size, at[i]);
+        moved = self->request(use, self->buffer.buf, size, at[i]);
         clock_gettime(CLOCK_MONOTONIC, &end);
         *marker = 0;
         if (moved < 0)
@@ -326,7 +277,7 @@ static PyObject *Loop_run(Loop *self, PyObject *args) {
             status = moved < 0 ? RUN_IO_FAILED : RUN_SHORT;
             break;
         }
-        int zero = !self->write && all_zero(self->buffer.buf, self->buffer.len);
+        int zero = !self->writes && all_zero(self->buffer.buf, self->buffer.len);
         pthread_mutex_lock(&self->mutex);
         self->latency_ns[i] = ns(&end) - ns(&start);
         self->end_ns[i] = ns(&end);
@@ -376,6 +327,7 @@ static PyObject *Loop_completed(Loop *self, void *closure) { return PyLong_FromL
 static PyObject *Loop_missed(Loop *self, void *closure) { return PyLong_FromLongLong(self->missed); }
 static PyObject *Loop_zero_reads(Loop *self, void *closure) { return PyLong_FromLongLong(self->zero_reads); }
 static PyObject *Loop_deadline(Loop *self, void *closure) { return PyLong_FromLongLong(self->deadline_ns); }
+static PyObject *Loop_max_batch(Loop *self, void *closure) { return PyLong_FromSsize_t(PY_SSIZE_T_MAX); }
 
 static PyGetSetDef Loop_getset[] = {
     {"counter", (getter)Loop_counter, NULL, "the last write stamp", NULL},
@@ -383,6 +335,7 @@ static PyGetSetDef Loop_getset[] = {
     {"missed", (getter)Loop_missed, NULL, "slots skipped because the previous request was still running", NULL},
     {"zero_reads", (getter)Loop_zero_reads, NULL, "reads that returned only zeros", NULL},
     {"deadline_ns", (getter)Loop_deadline, NULL, "when the next request is due (CLOCK_MONOTONIC)", NULL},
+    {"max_batch", (getter)Loop_max_batch, NULL, "the most offsets worth giving one run(): no limit", NULL},
     {NULL},
 };
 
@@ -408,8 +361,6 @@ static PyTypeObject LoopType = {
 };
 
 static PyMethodDef methods[] = {
-    {"read", timed_read, METH_VARARGS, "read(fd, buffer, offset, deadline_ns, inflight) -> (bytes, start_ns, end_ns)"},
-    {"write", timed_write, METH_VARARGS, "write(fd, buffer, offset, deadline_ns, inflight) -> (bytes, start_ns, end_ns)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,7 +9,6 @@ import json
 import logging
 import math
 import os
-import random
 import signal
 import statistics
 import sys
@@ -24,10 +23,11 @@ from . import __version__, capabilities, ops, safety, targets, units, warmup, we
 from .collectors import Sources, VolprobeCollector, add_flags, enabled_from_args
 from .config import Config, ConfigError, ProbeConfig, TargetConfig, WarmupConfig, from_paths, load
 from .discovery import Host
-from .probe import Pacer, ProbeIO
+from .probe import Outcome, ProbeWorker
 from .runtime import Exporter
 from .runtime.follow import pattern_matches
 from .server import ExporterHTTPServer, landing_page, parse_listen_address
+from .stats import ProbeStats
 from .webconfig import WebConfigWatcher
 
 log = logging.getLogger("volprobe")
@@ -366,8 +366,10 @@ def run_ping(argv: Sequence[str]) -> int:
     parser.add_argument(
         "-i", "--interval", default=units.format_duration(ProbeConfig.interval), help="time between probes (default 1s)"
     )
-    parser.add_argument("-s", "--block-size", default=None, help="request size (default 4KiB read, 8KiB write)")
-    parser.add_argument("--write", action="store_true", help="write probes (O_DSYNC) instead of reads")
+    defaults = ", ".join(f"{units.format_size(op.default_block_size)} {op.name}" for op in ops.OPS.values())
+    parser.add_argument("-s", "--block-size", default=None, help=f"request size (default {defaults})")
+    parser.add_argument("--op", choices=ops.NAMES, default=ops.READ.name, help="kind of probe (default %(default)s)")
+    parser.add_argument("--write", action="store_true", help=f"same as --op {ops.WRITE.name} (O_DSYNC)")
     parser.add_argument("--no-sync", action="store_true", help="writes without O_DSYNC")
     parser.add_argument("--allow-raw-writes", action="store_true", help="permit writes to a blank raw device")
     parser.add_argument(
@@ -379,7 +381,7 @@ def run_ping(argv: Sequence[str]) -> int:
     _add_path_flags(parser)
     args = parser.parse_args(argv)
     setup_logging("warning")
-    kind = ops.WRITE if args.write else ops.READ
+    kind = ops.WRITE if args.write else ops.get(args.op)
     try:
         interval = units.parse_duration(args.interval)
         block_size = units.parse_size(args.block_size) if args.block_size else 0
@@ -406,44 +408,49 @@ def run_ping(argv: Sequence[str]) -> int:
         return _report(err)
     chosen = resolved[0]
     io = targets.io_target(host, chosen, probe)
-    runner = ProbeIO(probe, io, random.Random(), chosen.fds.pop(probe.op, None))
     where = "probe file" if (is_dir and kind.writes) else "block device"
     size = chosen.config.probe_file_size if where == "probe file" else chosen.device.size_bytes
     title = f"{io.path} ({where} {units.format_size(size)}, {chosen.device.name})"
     arrow = kind.arrow
     block_size = probe.block_size
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    finished = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: finished.set())
     latencies: list[float] = []
     errors = 0
-    pacer = Pacer(interval, 0.0, random.Random(), time.perf_counter_ns())
-    started = time.monotonic()
     request = 0
-    while not stop.is_set() and (args.count <= 0 or request < args.count):
-        wait = (pacer.deadline() - time.perf_counter_ns()) / 1e9
-        if request and wait > 0 and stop.wait(wait):
-            break
+
+    def report(outcome: Outcome) -> None:
+        """Each probe's line, from the worker's thread; the worker stops itself at --count."""
+        nonlocal request, errors
+        if finished.is_set():
+            return
         request += 1
-        try:
-            runner.open()
-        except OSError as err:
-            print(f"{arrow} {title}: request={request} error: {err}")
-            errors += 1
-            continue
-        outcome = runner.once()
-        pacer.advance(time.perf_counter_ns())
         if outcome.error:
             errors += 1
-            print(f"{arrow} {title}: request={request} error={outcome.error} ({outcome.detail})")
-            continue
-        latencies.append(outcome.latency_ns / 1e9)
-        if not args.quiet:
-            zero = " zeros" if outcome.zero else ""
-            print(
-                f"{units.format_size(block_size)} {arrow} {title}: request={request} "
-                f"time={units.format_duration(latencies[-1])} ({outcome.touch}{zero})"
-            )
-    runner.close()
+            print(f"{arrow} {title}: request={request} error={outcome.error} ({outcome.detail})", flush=True)
+        else:
+            latencies.append(outcome.latency_ns / 1e9)
+            if not args.quiet:
+                zero = " zeros" if outcome.zero else ""
+                print(
+                    f"{units.format_size(block_size)} {arrow} {title}: request={request} "
+                    f"time={units.format_duration(latencies[-1])} ({outcome.touch}{zero})",
+                    flush=True,
+                )
+        if 0 < args.count <= request:
+            worker.stop()
+            finished.set()
+
+    # The exporter's worker, one probe a batch so that each is reported as it is made; failures back off.
+    fd = chosen.fds.pop(probe.op, None)
+    worker = ProbeWorker(probe, io, ProbeStats(60.0), name=chosen.name, fd=fd, max_batch=1, on_outcome=report)
+    started = time.monotonic()
+    worker.start()
+    finished.wait()
+    worker.stop()
+    while not worker.join(1.0):  # a request stuck in the kernel: as long as it takes
+        pass
+    worker.close()
     elapsed = time.monotonic() - started
     print(f"\n--- {title} volprobe ping statistics ---")
     if not latencies:
@@ -453,7 +460,7 @@ def run_ping(argv: Sequence[str]) -> int:
     busy = sum(latencies)
     print(
         f"{len(latencies)} requests completed in {units.format_duration(busy)}, {errors} errors, "
-        f"{units.format_size(block_size * len(latencies))} {'written' if kind.writes else 'read'}, "
+        f"{units.format_size(block_size * len(latencies))} {kind.past_tense}, "
         f"{len(latencies) / busy:.0f} iops at queue depth 1, run {units.format_duration(elapsed)}"
     )
     mdev = statistics.pstdev(latencies) if len(latencies) > 1 else 0.0

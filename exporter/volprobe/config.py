@@ -127,7 +127,7 @@ class DiscoveryWarmupConfig:
 class DiscoveryConfig:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    probes: tuple[ProbeConfig, ...] = (ProbeConfig("read"),)
+    probes: tuple[ProbeConfig, ...] = tuple(ProbeConfig(op.name) for op in ops.DEVICE_DEFAULTS)
     rescan_interval: float = 5.0
     warmup: DiscoveryWarmupConfig | None = None
 
@@ -365,8 +365,8 @@ def _warmup(check: _Checker, raw: Any, key: str) -> WarmupConfig:
 def default_probes(kind: str, defaults: _Defaults | None = None, key: str = "") -> tuple[ProbeConfig, ...]:
     """Probes of a target that names none: reads on a device, a sync write and a read in a directory."""
     overrides = defaults.probe if defaults else {}
-    names = (ops.WRITE.name, ops.READ.name) if kind == "directory" else (ops.READ.name,)
-    return tuple(ProbeConfig(name, **overrides, key=f"{key}[{i}]") for i, name in enumerate(names))
+    kinds = ops.DIRECTORY_DEFAULTS if kind == "directory" else ops.DEVICE_DEFAULTS
+    return tuple(ProbeConfig(op.name, **overrides, key=f"{key}[{i}]") for i, op in enumerate(kinds))
 
 
 def _target(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> TargetConfig | None:

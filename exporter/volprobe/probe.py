@@ -3,11 +3,12 @@
 Only the syscall sits between the two clock reads. Everything else a probe needs (choosing the offset,
 stamping the write buffer, checking a read for zeros, recording the sample) happens outside them.
 
-A worker's probes run in C (_timedio.Loop) a batch of offsets at a time: Python picks about BATCH_S seconds'
-worth of offsets, the C loop paces, stamps, issues, times and checks them, and scrapes move its results
-into the statistics (drain()). Python wakes per batch and per failure, not per probe: woken cold for each
-probe it cost about twice the probe's own syscalls (BENCHMARKS.md, cpu). Without the C module, the same
-loop runs in Python one probe at a time.
+A worker (ProbeWorker) picks its offsets a batch at a time and hands each batch to its timer (timer.py: in C,
+or in Python without the C module), which paces, stamps, issues, times and checks them; the worker handles
+every failure the same way whichever timer ran (count, back off, let go of a worthless descriptor, reopen
+through every check), and scrapes move the timer's results into the statistics (drain()). With the C timer
+Python wakes per batch and per failure, not per probe: woken cold for each probe it cost about twice the
+probe's own syscalls (BENCHMARKS.md, cpu). `volprobe ping` runs the same worker, one probe a batch.
 """
 
 from __future__ import annotations
@@ -18,32 +19,26 @@ import logging
 import mmap
 import os
 import random
-import struct
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from . import supervise
+from . import supervise, timer
 from .config import ProbeConfig
 from .osthread import name_this_thread
 from .safety import Refused
 from .stats import ProbeStats
+from .timer import Status
 
-try:  # the C timer (see _timedio.c); optional at build time
-    from . import _timedio
-except ImportError:
-    _timedio = None
-
-TIMER = "c" if _timedio is not None else "python"
+TIMER = timer.KIND  # "c" or "python": volprobe_build_info{timer}
 
 log = logging.getLogger(__name__)
 
-SECTOR = 512
 MAX_ERROR_BACKOFF_S = 30.0
-MAX_SLEEP_NS = 1_000_000_000  # a worker notices stop and slow-down requests within a second
-BATCH_S = 30.0  # the C loop returns to Python about this often (and at every failure, stop or slow-down)
+BATCH_S = 30.0  # the C timer returns to Python about this often (and at every failure, stop or slow-down)
+MAX_BATCH = 512
 RECHECK_S = 1.0  # a held write descriptor is checked again (fstat, size) before a batch, at most this often
 # errnos after which the descriptor is worthless: the device went away or was replaced, or the filesystem went
 # read-only (an ext4 error): letting go of the probe file lets the operator unmount it for fsck.
@@ -212,49 +207,6 @@ def error_name(err: OSError) -> str:
     return "REFUSED" if isinstance(err, Refused) else errno.errorcode.get(err.errno or 0, "EUNKNOWN")
 
 
-class Pacer:
-    """Fixed-rate deadlines with optional jitter; slots passed while a probe ran are skipped, not replayed."""
-
-    def __init__(self, interval_s: float, jitter: float, rng: random.Random, now_ns: int) -> None:
-        self.rng = rng
-        self.jitter = jitter
-        self.set_interval(interval_s, now_ns)
-
-    def set_interval(self, interval_s: float, now_ns: int) -> None:
-        self.interval_ns = max(1, int(interval_s * 1e9))
-        self.start_ns = now_ns
-        self.slot = 0
-
-    def deadline(self) -> int:
-        offset = int(self.rng.random() * self.jitter * self.interval_ns) if self.jitter else 0
-        return self.start_ns + self.slot * self.interval_ns + offset
-
-    def advance(self, now_ns: int) -> int:
-        """Move to the next slot that has not started yet; return how many slots were skipped."""
-        due = (now_ns - self.start_ns) // self.interval_ns + 1
-        skipped = max(0, due - (self.slot + 1))
-        self.slot = max(self.slot + 1, due)
-        return skipped
-
-
-class WriteData:
-    """A page-aligned random buffer; every write stamps a never-repeating counter into each 512-byte sector,
-    so no two writes (nor two sectors of one write) carry the same bytes: compression, dedupe and zero
-    detection in the storage cannot make writes look fast."""
-
-    def __init__(self, buffer: mmap.mmap) -> None:
-        self.view = memoryview(buffer)
-        self.view[:] = os.urandom(len(buffer))
-        self.sectors = len(buffer) // SECTOR
-        self.counter = random.getrandbits(63)
-
-    def stamp(self) -> None:
-        self.counter += 1
-        stamp = struct.pack("<Q", self.counter)
-        for i in range(8):
-            self.view[i::SECTOR] = stamp[i : i + 1] * self.sectors
-
-
 class Outcome(NamedTuple):
     """One probe's result: a latency, or an error named by errno (or SHORT for a short transfer)."""
 
@@ -268,11 +220,9 @@ class Outcome(NamedTuple):
 
 
 class ProbeIO:
-    """Does one synchronous, direct, aligned request at a time on one target and times exactly the syscall.
-
-    prepare() does everything a probe needs before its request (the offset, the write data), so that issue()
-    runs nothing but the timed request: a worker prepares before it sleeps, and issues as it wakes.
-    """
+    """One probe's side of its target: the descriptor (opened through every check, re-checked, let go of), the
+    offsets, the page-aligned buffer and the timer that makes the requests. run() is the one way to probe:
+    the worker's batches, and once()."""
 
     def __init__(
         self, spec: ProbeConfig, io: IOTarget, rng: random.Random, fd: int | None = None, cursor: Cursor | None = None
@@ -286,23 +236,20 @@ class ProbeIO:
         self.block_size = block_size
         self.picker = OffsetPicker(nblocks, spec.revisit, rng, cursor=cursor)
         self.buffer = mmap.mmap(-1, block_size)  # anonymous mappings are page aligned, as O_DIRECT needs
-        self._bufs = [self.buffer]
-        self._empty = [memoryview(self.buffer)[:0]]
-        self.write_data = WriteData(self.buffer) if spec.kind.writes else None
-        self._zeros = bytes(block_size)
+        self._inflight = array.array("q", [0])  # start of the request in flight (ns), 0 when none; see scrapes
+        self.timer = timer.new(
+            io.path, io.flags, self.buffer, self._inflight, spec.kind, spec.jitter, rng.getrandbits(64)
+        )
         # Writes keep their descriptor (a raw device's O_EXCL keeps others out while volprobe writes; a probe
         # file is ours). Reads open the device for each request unless told to hold it: holding it open between
         # probes would stop an administrator from detaching a loop device or removing a dm, md or zram device.
         # A descriptor that must be checked when opened (a probe file, a raw device) is opened once, through
-        # the checks, and held: the C loop's per-request open goes by name, unchecked.
+        # the checks, and held: the timer's per-request open goes by name, unchecked.
         self.hold_open = spec.kind.writes or spec.hold_open or io.opener is not None
         if fd is not None and not self.hold_open:
             os.close(fd)
             fd = None
         self.fd = fd
-        self._inflight = array.array("q", [0])  # start of the request in flight (ns), 0 when none; see scrapes
-        self._offset = -1
-        self._touch = ""
         self._checked_ns = time.monotonic_ns()  # when the held descriptor was last checked (open_checked)
 
     @property
@@ -342,73 +289,47 @@ class ProbeIO:
             self.let_go()
             raise
 
-    def prepare(self) -> None:
-        block, self._touch = self.picker.next()
-        self._offset = self.io.region_start + block * self.block_size
-        if self.write_data is not None:
-            self.write_data.stamp()
+    def offset_of(self, block: int) -> int:
+        return self.io.region_start + block * self.block_size
 
-    def _timed_in_python(self, fd: int, offset: int, deadline_ns: int) -> tuple[int, int, int]:
-        """The fallback without the C timer. A zero-length request first does no I/O but brings this code
-        path into the CPU caches, so the timed request measures the kernel and device, not a cold interpreter."""
-        clock = time.perf_counter_ns
-        wait = deadline_ns - clock()
-        if wait > 0:
-            time.sleep(wait / 1e9)
-        opened = fd < 0
-        if opened:
-            fd = os.open(self.io.path, self.io.flags | os.O_CLOEXEC)
-        bufs = self._bufs
-        inflight = self._inflight
-        try:
-            if self.write_data is not None:
-                os.pwritev(fd, self._empty, offset)
-                inflight[0] = t0 = clock()
-                done = os.pwritev(fd, bufs, offset)
-                t1 = clock()
-            else:
-                os.preadv(fd, self._empty, offset)
-                inflight[0] = t0 = clock()
-                done = os.preadv(fd, bufs, offset)
-                t1 = clock()
-        finally:
-            inflight[0] = 0
-            if opened:
-                os.close(fd)
-        return done, t0, t1
-
-    def issue(self, deadline_ns: int = 0) -> Outcome:
-        """The prepared request, at deadline_ns (perf_counter_ns clock) or now. The descriptor must be open;
-        it is closed when the device went away."""
-        offset = self._offset
-        fd = self.fd if self.hold_open else -1
-        assert fd is not None and offset >= 0, "open() and prepare() first"
-        try:
-            if _timedio is not None:
-                timed = _timedio.write if self.write_data is not None else _timedio.read
-                done, t0, t1 = timed(fd, self.buffer, offset, deadline_ns, self._inflight, self.io.path, self.io.flags)
-            else:
-                done, t0, t1 = self._timed_in_python(fd, offset, deadline_ns)
-        except OSError as err:
-            if err.errno in REOPEN_ERRNOS:
-                self.let_go()
-            name = error_name(err)
-            where = f"open {self.io.path}" if err.filename else f"{self.op} at {offset}"
-            return Outcome(offset, self._touch, error=name, detail=f"{where}: {err.strerror}")
-        if done != self.block_size:
-            detail = f"{self.op} at {offset}: {done} of {self.block_size} bytes"
-            return Outcome(offset, self._touch, error="SHORT", detail=detail)
-        zero = self.write_data is None and self.buffer[:] == self._zeros
-        return Outcome(offset, self._touch, t1 - t0, t1, zero=zero)
+    def run(self, batch: list[tuple[int, str]]) -> tuple[int, Status, Outcome | None]:
+        """Probe the batch's blocks (picks) in order, each in its slot: (how many succeeded, how the run ended,
+        the failure that ended it). The results wait in the timer for take(). The descriptor must be open (the
+        held one: open_checked()); it is let go of when a failure shows it worthless."""
+        offsets = array.array("q", [self.offset_of(block) for block, _ in batch])
+        assert not self.hold_open or self.fd is not None, "open_checked() first"
+        done, status, code, moved = self.timer.run(offsets, self.fd if self.fd is not None else -1)
+        ended = Status(status)
+        if ended in (Status.DONE, Status.STOPPED):
+            return done, ended, None
+        offset, touch = offsets[done], batch[done][1]
+        if ended == Status.SHORT:
+            detail = f"{self.op} at {offset}: {moved} of {self.block_size} bytes"
+            return done, ended, Outcome(offset, touch, error="SHORT", detail=detail)
+        if code in REOPEN_ERRNOS:
+            self.let_go()
+        where = f"open {self.io.path}" if ended == Status.OPEN_FAILED else f"{self.op} at {offset}"
+        name = errno.errorcode.get(code, "EUNKNOWN")
+        return done, ended, Outcome(offset, touch, error=name, detail=f"{where}: {os.strerror(code)}")
 
     def once(self) -> Outcome:
-        """prepare() and issue(): one probe now."""
-        self.prepare()
-        return self.issue()
+        """One probe now, through the held descriptor if there is one (the tests' single request)."""
+        pick = self.picker.next()
+        self.timer.schedule(time.perf_counter_ns(), 1)
+        _, _, failure = self.run([pick])
+        if failure is not None:
+            return failure
+        ((_, latency_ns, end_ns, zero),) = self.timer.take()
+        return Outcome(self.offset_of(pick[0]), pick[1], latency_ns, end_ns, zero=zero)
 
 
 class ProbeWorker:
-    """Runs one probe (a ProbeConfig on one target's IOTarget) in its own thread, paced by deadline."""
+    """Runs one probe (a ProbeConfig on one target's IOTarget) in its own thread, paced by deadline: picks its
+    offsets a batch at a time, hands them to the timer, and handles each failure (count, back off, reopen).
+
+    on_outcome, if given, sees every outcome, in the thread that drains or fails (`volprobe ping` prints them),
+    and takes over the logging of failures; max_batch limits the probes a batch (ping: 1, each as it is made).
+    """
 
     def __init__(
         self,
@@ -420,25 +341,26 @@ class ProbeWorker:
         fd: int | None = None,
         seed: int | None = None,
         cursor: Cursor | None = None,
+        max_batch: int = MAX_BATCH,
+        on_outcome: Callable[[Outcome], None] | None = None,
     ) -> None:
         self.spec = spec
         self.name = name or io.path  # the target's name, for logs and the thread's name
         self.op = spec.op
         self.interval_s = spec.interval
-        self.jitter = spec.jitter
         self.stats = stats
         self.rng = random.Random(seed)
         self.probe = ProbeIO(spec, io, self.rng, fd, cursor)
+        self.timer = self.probe.timer
+        self.max_batch = max_batch
+        self.on_outcome = on_outcome
         self._stopping = False
+        self._stop_requested = threading.Event()  # wakes a back-off
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._slowdown = 1.0
-        self._loop = _c_loop(self.probe, spec, self.rng)
-        self._batch: list[tuple[int, str]] = []  # the picks the C loop is working through
-        # Read by scrapes; written only by the worker thread (or by the C loop: see the properties).
-        self._missed = 0
-        self._zero_reads = 0
-        self._completed = 0
+        self._batch: list[tuple[int, str]] = []  # the picks the timer is working through
+        # Read by scrapes; written only by the worker thread.
         self.errors: dict[str, int] = {}
         self.last_error = ""
         self._last_logged = 0.0
@@ -451,8 +373,8 @@ class ProbeWorker:
 
     def stop(self) -> None:
         self._stopping = True
-        if self._loop is not None:
-            self._loop.stop()
+        self._stop_requested.set()
+        self.timer.stop()
 
     def join(self, timeout: float) -> bool:
         """Wait for the thread; False if it is still stuck in the kernel (a stalled device)."""
@@ -467,31 +389,31 @@ class ProbeWorker:
             self.probe.close()
 
     def set_slowdown(self, factor: float) -> None:
-        """Stretch the interval (throttle back-off); 1 restores the configured rate. Applies within a second."""
+        """Stretch the interval (throttle back-off); 1 restores the configured rate. Applies at once."""
         self._slowdown = factor
-        if self._loop is not None:
-            self._loop.set_interval(self._interval_ns())
+        self.timer.set_interval(self._interval_ns())
 
     @property
     def completed(self) -> int:
-        return self._completed + (self._loop.completed if self._loop is not None else 0)
+        return self.timer.completed
 
     @property
     def missed(self) -> int:
-        return self._missed + (self._loop.missed if self._loop is not None else 0)
+        return self.timer.missed
 
     @property
     def zero_reads(self) -> int:
-        return self._zero_reads + (self._loop.zero_reads if self._loop is not None else 0)
+        return self.timer.zero_reads
 
     def drain(self) -> None:
-        """Move the C loop's finished probes into the statistics: scrapes call this, so they are never behind."""
-        if self._loop is None:
-            return
+        """Move the timer's finished probes into the statistics: scrapes call this, so they are never behind."""
         with self._lock:
-            batch, record = self._batch, self.stats.record
-            for index, latency_ns, end_ns, _zero in self._loop.take():
-                record(latency_ns, batch[index][1], end_ns)
+            batch, record, listener = self._batch, self.stats.record, self.on_outcome
+            for index, latency_ns, end_ns, zero in self.timer.take():
+                block, touch = batch[index]
+                record(latency_ns, touch, end_ns)
+                if listener is not None:
+                    listener(Outcome(self.probe.offset_of(block), touch, latency_ns, end_ns, zero=zero))
 
     @property
     def slowdown(self) -> float:
@@ -509,16 +431,18 @@ class ProbeWorker:
 
     # -- the loop -----------------------------------------------------------------------------------
 
-    def _count_error(self, name: str, detail: str) -> None:
+    def _failed(self, outcome: Outcome) -> None:
         with self._lock:
-            self.errors[name] = self.errors.get(name, 0) + 1
-            count = self.errors[name]
-        now = time.monotonic()
-        # A failing device fails every probe: log a new kind of error at once, the same one once a minute.
-        if name != self.last_error or now - self._last_logged >= 60:
-            log.warning("probe %s %s: %s (%d so far)", self.name, self.op, detail, count)
-            self._last_logged = now
-        self.last_error = name
+            self.errors[outcome.error] = count = self.errors.get(outcome.error, 0) + 1
+        if self.on_outcome is not None:
+            self.on_outcome(outcome)
+        else:
+            now = time.monotonic()
+            # A failing device fails every probe: log a new kind of error at once, the same one once a minute.
+            if outcome.error != self.last_error or now - self._last_logged >= 60:
+                log.warning("probe %s %s: %s (%d so far)", self.name, self.op, outcome.detail, count)
+                self._last_logged = now
+        self.last_error = outcome.error
 
     def _backoff_ns(self, failures: int) -> int:
         return int(min(self.interval_s * 2 ** min(failures, 32), MAX_ERROR_BACKOFF_S) * 1e9)
@@ -528,10 +452,7 @@ class ProbeWorker:
 
         def probe_loop() -> None:
             try:
-                if self._loop is not None:
-                    self._run_batches(self._loop)
-                else:
-                    self._run_one_by_one()
+                self._probe_loop()
             except Exception:
                 # A restart goes on with the same stats, counters and picker, but not with a descriptor the
                 # failed run may have left anywhere: the next run opens it again, through every check.
@@ -549,8 +470,10 @@ class ProbeWorker:
         return max(1, int(self.interval_s * self._slowdown * 1e9))
 
     def _batch_size(self) -> int:
-        """About BATCH_S of probes per trip into C (so Python wakes that often), within [8, 512]."""
-        return max(8, min(512, int(BATCH_S / (self.interval_s * self._slowdown))))
+        """About BATCH_S of probes per run (so Python wakes that often), within [8, MAX_BATCH], and no more than
+        the timer and the worker take."""
+        paced = max(8, min(MAX_BATCH, int(BATCH_S / (self.interval_s * self._slowdown))))
+        return max(1, min(paced, self.timer.max_batch, self.max_batch))
 
     def _take_batch(self, picker: OffsetPicker) -> list[tuple[int, str]]:
         """The next batch's picks; if picking fails part-way, those taken are put back, not lost."""
@@ -563,121 +486,45 @@ class ProbeWorker:
             raise
         return batch
 
-    def _run_batches(self, loop: _timedio.Loop) -> None:
-        """The C loop does the probes; Python picks offsets a batch at a time and handles each failure."""
+    def _probe_loop(self) -> None:
+        """The timer does the probes; the worker picks offsets a batch at a time and handles each failure."""
         clock = time.perf_counter_ns
         probe = self.probe
         picker = probe.picker
-        loop.schedule(clock(), self._interval_ns())
+        self.timer.schedule(clock(), self._interval_ns())
         failures = 0
         retry_at = 0  # after a failed open: not before this (perf_counter_ns)
         while not self._stopping:
             if probe.hold_open:
                 wait = retry_at - clock()
                 if wait > 0:
-                    time.sleep(min(wait, MAX_SLEEP_NS) / 1e9)  # backing off; wake each second for stop
+                    self._stop_requested.wait(wait / 1e9)  # backing off; a stop ends it at once
                     continue
                 try:  # a held descriptor is checked again (RECHECK_S): a resized device stops its writes
                     probe.open_checked()
                 except OSError as err:
                     failures += 1
-                    self._count_error(error_name(err), f"open: {err}")
+                    self._failed(Outcome(-1, "", error=error_name(err), detail=f"open: {err}"))
                     retry_at = clock() + self._backoff_ns(failures)
-                    loop.schedule(retry_at, self._interval_ns())
+                    self.timer.schedule(retry_at, self._interval_ns())
                     continue
             batch = self._take_batch(picker)
-            offsets = array.array("q", [probe.io.region_start + block * probe.block_size for block, _ in batch])
             self.drain()
             with self._lock:
                 self._batch = batch
-            done, status, code, moved = loop.run(offsets, probe.fd if probe.hold_open else -1)
+            done, ended, failure = probe.run(batch)
             self.drain()
-            if probe.write_data is not None:
-                probe.write_data.counter = loop.counter
             if done:
                 failures = 0
-            if status == _timedio.RUN_DONE:
+            if ended == Status.DONE:
                 continue
-            if status == _timedio.RUN_STOPPED:
+            if ended == Status.STOPPED:
                 picker.put_back(batch[done:])
                 break
+            assert failure is not None
             picker.put_back(batch[done + 1 :])
             failures += 1
-            offset = offsets[done]
-            if status == _timedio.RUN_SHORT:
-                self._count_error("SHORT", f"{self.op} at {offset}: {moved} of {probe.block_size} bytes")
-            else:
-                if code in REOPEN_ERRNOS:
-                    probe.let_go()
-                where = f"open {probe.io.path}" if status == _timedio.RUN_OPEN_FAILED else f"{self.op} at {offset}"
-                self._count_error(errno.errorcode.get(code, "EUNKNOWN"), f"{where}: {os.strerror(code)}")
+            self._failed(failure)
             # Back off, and restart the schedule after it: slots skipped while backing off are not "missed".
             retry_at = clock() + self._backoff_ns(failures)
-            loop.schedule(retry_at, self._interval_ns())
-
-    def _run_one_by_one(self) -> None:
-        """Without the C module: one probe per trip through Python."""
-        clock = time.perf_counter_ns
-        probe = self.probe
-        pacer = Pacer(self.interval_s, self.jitter, self.rng, clock())
-        slowdown = self._slowdown
-        failures = 0
-        deadline = pacer.deadline()
-        ready = False
-        retry_at = 0  # after a failed open: not before this (perf_counter_ns)
-        while not self._stopping:
-            if slowdown != self._slowdown:
-                slowdown = self._slowdown
-                pacer.set_interval(self.interval_s * slowdown, clock())
-                deadline = pacer.deadline()
-            if not ready:  # open the device if needed and prepare the request, before sleeping
-                wait = retry_at - clock()
-                if wait > 0:
-                    time.sleep(min(wait, MAX_SLEEP_NS) / 1e9)  # backing off; wake each second for stop
-                    continue
-                try:
-                    probe.open_checked()
-                    probe.prepare()
-                    ready = True
-                except OSError as err:
-                    failures += 1
-                    self._count_error(error_name(err), f"open: {err}")
-                    retry_at = deadline = clock() + self._backoff_ns(failures)
-                    pacer.set_interval(self.interval_s * slowdown, deadline)
-                    continue
-            if deadline - clock() > MAX_SLEEP_NS:
-                time.sleep(MAX_SLEEP_NS / 1e9)  # long intervals: wake each second for stop and slow-down
-                continue
-            outcome = probe.issue(deadline)  # sleeps until the deadline, then the request, in one call
-            ready = False
-            if outcome.error:
-                failures += 1
-                self._count_error(outcome.error, outcome.detail)
-                # Back off, and restart the schedule after it: slots skipped while backing off are not "missed".
-                deadline = clock() + self._backoff_ns(failures)
-                pacer.set_interval(self.interval_s * slowdown, deadline)
-                continue
-            failures = 0
-            self._completed += 1
-            self.stats.record(outcome.latency_ns, outcome.touch, outcome.end_ns)
-            if outcome.zero:
-                self._zero_reads += 1
-            self._missed += pacer.advance(clock())
-            deadline = pacer.deadline()
-
-
-def _c_loop(probe: ProbeIO, spec: ProbeConfig, rng: random.Random) -> _timedio.Loop | None:
-    """The probe's C loop (see _timedio.c), or None without the C module."""
-    if _timedio is None:
-        return None
-    counter = probe.write_data.counter if probe.write_data is not None else 0
-    return _timedio.Loop(
-        probe.io.path,
-        probe.io.flags,
-        probe.buffer,
-        probe._inflight,
-        probe.write_data is not None,
-        spec.jitter,
-        rng.getrandbits(64),
-        counter,
-    )
+            self.timer.schedule(retry_at, self._interval_ns())

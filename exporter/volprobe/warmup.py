@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .capabilities import Capabilities, set_idle_priority
 from .config import WarmupConfig
-from .probe import WriteData
 from .safety import GUARD_BYTES
 from .state import SectionCheckpoint, StateStore, move_aside, read_state_file, write_atomically
+from .timer import WriteData
 
 if TYPE_CHECKING:
     from .targets import ResolvedTarget

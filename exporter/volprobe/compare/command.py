@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from .. import units
+from .. import ops, units
 from ..state import write_atomically
 from . import html, source, verdict
 from .html import MissingExtra
@@ -275,7 +275,7 @@ def parser() -> argparse.ArgumentParser:
     span.add_argument("--start", type=_time, help="start of the span (Unix or ISO 8601 time); with --end")
     p.add_argument("--end", type=_time, help="end of the span (default now)")
     p.add_argument("--period", type=_duration, default=86400.0, help="length of one period (default 1d)")
-    p.add_argument("--op", choices=("write", "read"), default="write")
+    p.add_argument("--op", choices=ops.NAMES, default=ops.WRITE.name)
     p.add_argument("--tolerance", type=_percent, default=0.10, help="equivalent within this (default 10%%)")
     p.add_argument("--allow-different-specs", action="store_true")
     p.add_argument("--format", choices=sorted(FORMATS), default="text")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import metrics
+from .. import metrics, ops
 from .verdict import Histogram
 
 
@@ -176,7 +176,7 @@ def fetch(api: PrometheusAPI, selector: str, op: str, start: float, end: float, 
         ]
         side.throttled_seconds = _by_time(mine, ends)
     side.first_touch_penalty = _penalties(api, match, ends, window)
-    if op == "read":
+    if not ops.get(op).writes:  # only reads are checked for zeros
         zero = api.query_range(
             f"sum(increase({metrics.PROBE_ZERO_READS.total}{{{selector}}}[{window}]))", first_end, end, period
         )

@@ -112,7 +112,7 @@ class ThrottleWatch:
         """The lowest latency the probes of this direction (any direction for "total") have seen, or remembered
         from earlier runs within REMEMBER_S (so a restart under load knows the disk's unloaded time)."""
         probes = self.probes.on_disk(disk)
-        chosen = [p for p in probes if p.spec.op == direction] or probes
+        chosen = [p for p in probes if p.spec.kind.direction == direction] or probes
         for probe in chosen:
             probe.worker.drain()
         floors = [f for f in (p.stats.floor() for p in chosen) if f is not None]

@@ -1,0 +1,285 @@
+"""The timers: a probe's requests one after another, paced by deadline, each timed around its syscall alone.
+
+One interface (Timer), two implementations, chosen once, at import:
+- _timedio.Loop (_timedio.c), the fast path: run() does a whole batch of offsets without the interpreter
+  (wait for the slot, stamp, open, the timed request, close, the zero check, the pacing). A paced probe's cost
+  is its wake-up: Python woken cold once a second spends about 200 us of CPU where the C loop spends its syscalls.
+- PythonTimer, the fallback where the C module could not be built: the same steps in Python, one offset a run
+  (the interpreter wakes for each probe anyway).
+
+A run returns at the end of its offsets, at stop, or at the first failure; the worker (probe.ProbeWorker)
+handles failures, back-off and reopens for both. The request of each kind of probe is named by ops.py's
+`syscall` and found in REQUESTS, here and in _timedio.c.
+
+Test hook: with $VOLPROBE_TEST_TIMER=python the Python timer is used even where the C module was built.
+"""
+
+from __future__ import annotations
+
+import array
+import enum
+import mmap
+import os
+import random
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from . import ops
+
+try:  # the C timer (see _timedio.c); optional at build time
+    from . import _timedio
+except ImportError:
+    _timedio = None  # type: ignore[assignment]
+
+TEST_TIMER_ENV = "VOLPROBE_TEST_TIMER"
+if os.environ.get(TEST_TIMER_ENV) == "python":
+    _timedio = None  # type: ignore[assignment]
+
+KIND = "c" if _timedio is not None else "python"  # volprobe_build_info{timer}
+SECTOR = 512
+
+
+class Status(enum.IntEnum):
+    """How a run ended (the C loop's RUN_* constants)."""
+
+    DONE = 0  # every offset probed
+    STOPPED = 1  # stop() was called
+    OPEN_FAILED = 2  # opening the path for a request failed: errno
+    IO_FAILED = 3  # the request failed: errno
+    SHORT = 4  # the request moved fewer bytes than the buffer holds: bytes
+
+
+Result = tuple[int, int, int, bool]  # take(): (index in the run's offsets, latency_ns, end_ns, read only zeros)
+
+
+class Timer(Protocol):
+    """A probe's paced requests (see the module comment). run() and schedule() are called by the worker's
+    thread; take() by it or by scrapes; stop() and set_interval() from any thread. Times are CLOCK_MONOTONIC
+    nanoseconds (time.perf_counter_ns)."""
+
+    @property
+    def completed(self) -> int:
+        """Requests that succeeded, over all runs."""
+
+    @property
+    def missed(self) -> int:
+        """Slots skipped because the previous request was still running."""
+
+    @property
+    def zero_reads(self) -> int:
+        """Reads that returned only zeros."""
+
+    @property
+    def max_batch(self) -> int:
+        """The most offsets worth giving one run()."""
+
+    def schedule(self, start_ns: int, interval_ns: int) -> None:
+        """Restart the schedule: slot 0 is due at start_ns (plus jitter), slot k interval_ns later."""
+
+    def set_interval(self, interval_ns: int) -> None:
+        """A new interval from now on; a waiting run() takes it at once."""
+
+    def stop(self) -> None:
+        """End the run in progress and all later ones at the next wait (a request in flight finishes)."""
+
+    def run(self, offsets: array.array[int], fd: int) -> tuple[int, int, int, int]:
+        """Probe offsets in order, each at its slot, on fd or (fd -1) on the path opened for each request.
+        Returns (done, Status, errno, bytes): done requests succeeded; on a failure offsets[done] failed."""
+
+    def take(self) -> list[Result]:
+        """The results of the current run not taken yet."""
+
+
+# The requests a probe can make, by ops.Op.syscall: fd, buffers, offset -> bytes moved. _timedio.c has the same.
+REQUESTS: dict[str, Callable[[int, list[memoryview], int], int]] = {
+    "pread": os.preadv,
+    "pwrite": os.pwritev,
+}
+
+
+def new(
+    path: str, flags: int, buffer: mmap.mmap, inflight: array.array[int], op: ops.Op, jitter: float, seed: int
+) -> Timer:
+    """The timer of one probe: buffer is its page-aligned request buffer (a write's is filled with random
+    bytes here, and stamped before each request), inflight an array('q', [0]) that holds the start of the
+    request in flight, for scrapes. The C timer when it was built, else the Python one."""
+    counter = WriteData(buffer).counter if op.writes else 0
+    if _timedio is not None:
+        loop: Timer = _timedio.Loop(path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter)
+        return loop
+    return PythonTimer(path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter)
+
+
+class Pacer:
+    """Fixed-rate deadlines with optional jitter; slots passed while a probe ran are skipped, not replayed."""
+
+    def __init__(self, jitter: float, rng: random.Random) -> None:
+        self.rng = rng
+        self.jitter = jitter
+        self.schedule(time.perf_counter_ns(), 1_000_000_000)
+
+    def schedule(self, start_ns: int, interval_ns: int) -> None:
+        self.interval_ns = max(1, interval_ns)
+        self.start_ns = start_ns
+        self.slot = 0
+        self._set_deadline()
+
+    def _set_deadline(self) -> None:
+        offset = int(self.rng.random() * self.jitter * self.interval_ns) if self.jitter else 0
+        self.deadline_ns = self.start_ns + self.slot * self.interval_ns + offset
+
+    def advance(self, now_ns: int) -> int:
+        """Move to the next slot that has not started yet; return how many slots were skipped."""
+        due = (now_ns - self.start_ns) // self.interval_ns + 1
+        skipped = max(0, due - (self.slot + 1))
+        self.slot = max(self.slot + 1, due)
+        self._set_deadline()
+        return skipped
+
+
+class WriteData:
+    """A page-aligned random buffer; every write stamps a never-repeating counter into each 512-byte sector,
+    so no two writes (nor two sectors of one write) carry the same bytes: compression, dedupe and zero
+    detection in the storage cannot make writes look fast. Given a counter, the buffer is taken as it is."""
+
+    def __init__(self, buffer: mmap.mmap, counter: int | None = None) -> None:
+        self.view = memoryview(buffer)
+        if counter is None:
+            self.view[:] = os.urandom(len(buffer))
+        self.sectors = len(buffer) // SECTOR
+        self.counter = random.getrandbits(63) if counter is None else counter
+
+    def stamp(self) -> None:
+        self.counter += 1
+        stamp = struct.pack("<Q", self.counter)
+        for i in range(8):
+            self.view[i::SECTOR] = stamp[i : i + 1] * self.sectors
+
+
+class PythonTimer:
+    """The C loop's steps in Python, one offset a run. A zero-length request before each timed one does no I/O
+    but brings the path into the CPU caches, so the timed request measures the kernel and device, not a cold
+    interpreter."""
+
+    max_batch = 1
+
+    def __init__(
+        self,
+        path: str,
+        flags: int,
+        buffer: mmap.mmap,
+        inflight: array.array[int],
+        syscall: str,
+        writes: bool,
+        jitter: float,
+        seed: int,
+        counter: int,
+    ) -> None:
+        if syscall not in REQUESTS:
+            raise ValueError(f"unknown syscall {syscall!r}")
+        self._path, self._flags = path, flags
+        self._request = REQUESTS[syscall]
+        self._buffer = buffer
+        self._bufs = [memoryview(buffer)]
+        self._empty = [memoryview(buffer)[:0]]
+        self._zeros = bytes(len(buffer))
+        self._inflight = inflight
+        self._write_data = WriteData(buffer, counter) if writes else None
+        self._pacer = Pacer(jitter, random.Random(seed))
+        self._woken = threading.Event()  # set by stop() and set_interval()
+        self._lock = threading.Lock()
+        self._pending_interval_ns = 0
+        self._stopping = False
+        self._results: list[Result] = []
+        self._taken = 0
+        self._completed = self._missed = self._zero_reads = 0
+
+    @property
+    def completed(self) -> int:
+        return self._completed
+
+    @property
+    def missed(self) -> int:
+        return self._missed
+
+    @property
+    def zero_reads(self) -> int:
+        return self._zero_reads
+
+    def schedule(self, start_ns: int, interval_ns: int) -> None:
+        self._pacer.schedule(start_ns, interval_ns)
+
+    def set_interval(self, interval_ns: int) -> None:
+        with self._lock:
+            self._pending_interval_ns = max(1, interval_ns)
+        self._woken.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._woken.set()
+
+    def take(self) -> list[Result]:
+        with self._lock:
+            taken, self._taken = self._results[self._taken :], len(self._results)
+        return taken
+
+    def _wait_deadline(self) -> bool:
+        """Wait for the slot; False when due, True when asked to stop. A new interval restarts the schedule now."""
+        while True:
+            self._woken.clear()
+            if self._stopping:
+                return True
+            with self._lock:
+                requested, self._pending_interval_ns = self._pending_interval_ns, 0
+            now = time.perf_counter_ns()
+            if requested:
+                self._pacer.schedule(now, requested)
+            wait = self._pacer.deadline_ns - now
+            if wait <= 0:
+                return False
+            self._woken.wait(wait / 1e9)
+
+    def run(self, offsets: array.array[int], fd: int) -> tuple[int, int, int, int]:
+        with self._lock:
+            self._results, self._taken = [], 0
+        clock, request, inflight = time.perf_counter_ns, self._request, self._inflight
+        status, error, moved, done = Status.DONE, 0, 0, 0
+        for offset in offsets:
+            if self._wait_deadline():
+                status = Status.STOPPED
+                break
+            if self._write_data is not None:
+                self._write_data.stamp()
+            use = fd
+            if fd < 0:
+                try:
+                    use = os.open(self._path, self._flags | os.O_CLOEXEC)
+                except OSError as err:
+                    status, error = Status.OPEN_FAILED, err.errno or 0
+                    break
+            try:
+                request(use, self._empty, offset)
+                inflight[0] = start = clock()
+                moved = request(use, self._bufs, offset)
+                end = clock()
+            except OSError as err:
+                status, error, moved = Status.IO_FAILED, err.errno or 0, 0
+                break
+            finally:
+                inflight[0] = 0
+                if fd < 0:
+                    os.close(use)
+            if moved != len(self._buffer):
+                status = Status.SHORT
+                break
+            zero = self._write_data is None and self._buffer[:] == self._zeros
+            with self._lock:
+                self._results.append((done, end - start, end, zero))
+            self._completed += 1
+            self._zero_reads += zero
+            self._missed += self._pacer.advance(clock())
+            done += 1
+        return done, int(status), error, moved
