@@ -8,9 +8,10 @@ import weakref
 
 import pytest
 
-from volprobe import collectors, config, metrics, stats
+from volprobe import collectors, config, metrics
 from volprobe.collectors import probe as probe_collector
 
+from . import fakeview
 from .harness import MIB, volprobe_command
 
 
@@ -80,20 +81,15 @@ def test_the_legacy_histogram_layout_is_one_reload_away(tmp_path, make_loop, sta
     assert exporter.stop() == 0
 
 
-class FakeRunning:
-    """What ProbeSeries reads of a running probe (labels, spec, source, buckets): enough to render its series."""
-
-    labels = {"target": "t", "device": "loop9", "op": "read"}
-    source = "device"
-    spec = config.ProbeConfig("read")
-    stats = stats.ProbeStats(60.0)
+class Running:
+    """Stands for a running probe: the identity a reading carries."""
 
 
 def test_a_probes_series_go_with_it():
     """Rendered series are kept by the probe's own entry only: a probe stopped by a reload or a detach is freed
     (an errno's series was once memoised on the class, which kept every probe ever scraped)."""
-    running = FakeRunning()
-    rendered = probe_collector.ProbeSeries(running)
+    running = Running()
+    rendered = probe_collector.ProbeSeries(fakeview.probe_reading("t", "loop9", config.ProbeConfig("read"), running))
     assert rendered.error("EIO") is rendered.error("EIO")
     assert 'errno="EIO"' in rendered.error("EIO").text
     gone = weakref.ref(running)

@@ -240,9 +240,11 @@ def test_an_error_after_a_warm_up_ran_restarts_the_follow_up_not_the_warm_up(mon
 def test_every_thread_is_exported_from_the_start(monkeypatch):
     from volprobe import metrics
     from volprobe.collectors import VolprobeCollector
+    from volprobe.config import Config
+    from volprobe.discovery import Host
+    from volprobe.runtime import Exporter
 
-    exporter = SimpleNamespace(last_reload_successful=True, last_reload_success_time=0.0)
-    collector = VolprobeCollector(SimpleNamespace(exporter=exporter), enabled=[])
+    collector = VolprobeCollector(Exporter(Config(), Host()), enabled=[])  # built, not started
     family = next(f for f in collector.collect() if f.name == metrics.THREAD_RESTARTS.name)
     exported = {s.labels["thread"]: s.value for s in family.samples if s.name == metrics.THREAD_RESTARTS.total}
     assert set(exported) == set(supervise.THREADS)

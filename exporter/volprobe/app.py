@@ -14,19 +14,20 @@ import gc
 import logging
 import signal
 import threading
-from collections.abc import Sequence
-from pathlib import Path
+import time
+from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
 from . import __version__, capabilities, units
-from .collectors import Sources, VolprobeCollector, add_flags, enabled_from_args
+from .collectors import VolprobeCollector, add_flags, enabled_from_args
 from .command import add_path_flags, host_from, report
 from .config import Config, ConfigError, from_paths, load
 from .logs import LOG_FORMATS, setup_logging
 from .runtime import Exporter
 from .server import ExporterHTTPServer, landing_page, parse_listen_address
+from .view import RuntimeView
 from .webconfig import WebConfigWatcher
 
 log = logging.getLogger("volprobe")
@@ -71,6 +72,23 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
         pass
 
 
+def build_registry(
+    view: RuntimeView,
+    enabled: Iterable[str] | None,
+    procfs: str = "/proc",
+    platform: object | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> CollectorRegistry:
+    """What /metrics exposes: the enabled collectors over `view`, then prometheus_client's process_* (from
+    `procfs`) and python_info (of `platform`, the running interpreter's by default). `clock` times the
+    collectors."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(VolprobeCollector(view, enabled, clock))
+    ProcessCollector(registry=registry, proc=procfs)
+    PlatformCollector(registry=registry, platform=platform)
+    return registry
+
+
 class ListenError(Exception):
     """An address could not be listened on (in use, not local): the exporter exits 1."""
 
@@ -97,11 +115,7 @@ class App:
         self.exporter = exporter
         self.web = web
         self.addresses = addresses  # (as given, parsed)
-        self.registry = CollectorRegistry(auto_describe=False)
-        sources = Sources(exporter, Path(args.procfs), web)
-        self.registry.register(VolprobeCollector(sources, enabled_from_args(args)))
-        ProcessCollector(registry=self.registry, proc=args.procfs)
-        PlatformCollector(registry=self.registry)
+        self.registry = build_registry(exporter, enabled_from_args(args), args.procfs)
         self.servers: list[ExporterHTTPServer] = []
 
     @classmethod
@@ -116,7 +130,7 @@ class App:
         except ValueError as err:
             raise ConfigError([f"--web.listen-address: {err}"]) from None
         web = WebConfigWatcher(args.web_config)
-        return cls(args, Exporter(config, host_from(args)), web, addresses)
+        return cls(args, Exporter(config, host_from(args), web), web, addresses)
 
     def start(self) -> None:
         """Open every listener, then start the probes: ListenError or ConfigError, and nothing left open."""

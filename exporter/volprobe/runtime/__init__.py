@@ -16,15 +16,32 @@ histograms, counters and warm-ups; a configuration that does not resolve is reje
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+from .. import __version__, capabilities, diskstats, supervise
 from .. import targets as targets_mod
 from ..config import Config, ConfigError
-from ..discovery import Host
+from ..discovery import BlockDevice, Host
+from ..diskstats import DiskStats
+from ..probe import TIMER
 from ..state import StateStore, state_directory
 from ..targets import ResolvedTarget
+from ..view import (
+    BuildInfo,
+    DiskThrottle,
+    ProbeReading,
+    ProviderDevice,
+    ReloadOutcome,
+    TargetReading,
+    VolumeReading,
+    WarmupReading,
+)
+from . import readings
 from . import reload as reload_plan
 from .follow import DeviceFollower
 from .probes import STOP_TIMEOUT_S, ProbeSet, RunningProbe
@@ -37,11 +54,20 @@ __all__ = ["Exporter", "RunningProbe"]
 log = logging.getLogger(__name__)
 
 
-class Exporter:
-    """Owns the probes of one configuration. start() raises ConfigError before anything is written."""
+class ReloadStatus(Protocol):
+    """What a watcher of a reloaded file says of its last reload (webconfig.WebConfigWatcher)."""
 
-    def __init__(self, config: Config, host: Host) -> None:
+    last_reload_successful: bool
+    last_reload_success_time: float
+
+
+class Exporter:
+    """Owns the probes of one configuration. start() raises ConfigError before anything is written. The
+    collectors see it through volprobe.view.RuntimeView, which it implements."""
+
+    def __init__(self, config: Config, host: Host, web: ReloadStatus | None = None) -> None:
         self.config = config
+        self.web = web  # the web config's watcher, whose reload outcome is exported
         self.host = host
         self.probes = ProbeSet(host)
         self.state = StateStore(state_directory(config.state_directory))
@@ -221,6 +247,53 @@ class Exporter:
     def probed_devices(self) -> set[str]:
         """Devices whose diskstats are exported: each probed device and the whole disks beneath it."""
         return self.probes.devices()
+
+    # -- the collectors' view (volprobe.view.RuntimeView) -----------------------------------------------
+
+    def build_info(self) -> BuildInfo:
+        return BuildInfo(__version__, platform.python_version(), TIMER)
+
+    def capabilities(self) -> dict[str, bool]:
+        return capabilities.known()
+
+    def thread_restarts(self) -> dict[str, int]:
+        return supervise.restarts()
+
+    def config_reload(self) -> ReloadOutcome:
+        return ReloadOutcome(self.last_reload_successful, self.last_reload_success_time)
+
+    def web_config_reload(self) -> ReloadOutcome | None:
+        if self.web is None:
+            return None
+        return ReloadOutcome(self.web.last_reload_successful, self.web.last_reload_success_time)
+
+    def histogram_by_touch(self) -> bool:
+        return self.config.histogram_by_touch
+
+    def probe_readings(self) -> list[ProbeReading]:
+        return readings.probe_readings(self.probes)
+
+    def target_readings(self) -> list[TargetReading]:
+        return readings.target_readings(self.probes)
+
+    def kubernetes_volumes(self, devices: Sequence[BlockDevice]) -> dict[str, set[tuple[str, str]]]:
+        return readings.kubernetes_volumes(self.host, devices)
+
+    def disk_stats(self) -> dict[str, DiskStats]:
+        wanted = None if self.config.diskstats == "all" else self.probed_devices()
+        return diskstats.read(self.host.proc, wanted)
+
+    def throttle_readings(self) -> dict[str, DiskThrottle] | None:
+        return readings.throttle_readings(self.throttle)
+
+    def provider_readings(self) -> dict[str, ProviderDevice]:
+        return readings.provider_readings(self.provider)
+
+    def warmup_readings(self) -> list[WarmupReading]:
+        return readings.warmup_readings(self.warmups)
+
+    def volume_readings(self) -> dict[str, VolumeReading]:
+        return readings.volume_readings(self.state)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[str]:
         """Stop every worker; return the names of those still stuck in the kernel after `timeout`."""
