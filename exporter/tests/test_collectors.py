@@ -3,28 +3,30 @@
 from __future__ import annotations
 
 import gc
-import subprocess
 import weakref
 
 import pytest
 
-from volprobe import collectors, config, metrics
+from volprobe import app, collectors, config, metrics
 from volprobe.collectors import probe as probe_collector
 
 from . import fakeview
-from .harness import MIB, volprobe_command
+from .harness import MIB
 
 
 def test_every_collector_is_registered_with_its_flag():
     assert list(collectors.REGISTRY) == ["diskstats", "nvme", "probe", "state", "target", "throttle", "warmup"]
-    result = subprocess.run(volprobe_command("--help"), capture_output=True, text=True, check=True)
+    usage = app.parser().format_help()
     for name in collectors.REGISTRY:
-        assert f"--collector.{name}, --no-collector.{name}" in result.stdout
+        assert f"--collector.{name}, --no-collector.{name}" in usage
+    args = app.parser().parse_args(["--no-collector.diskstats", "--collector.nvme"])
+    assert collectors.enabled_from_args(args) == ["nvme", "probe", "state", "target", "throttle", "warmup"]
 
 
-def test_an_unknown_collector_flag_is_a_usage_error():
-    result = subprocess.run(volprobe_command("--no-collector.nonesuch"), capture_output=True, text=True)
-    assert result.returncode == 2 and "--no-collector.nonesuch" in result.stderr
+def test_an_unknown_collector_flag_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as refused:
+        app.parser().parse_args(["--no-collector.nonesuch"])
+    assert refused.value.code == 2 and "--no-collector.nonesuch" in capsys.readouterr().err
 
 
 @pytest.mark.root
