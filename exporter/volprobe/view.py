@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from .config import Limits, ProbeConfig
 from .detectors import Plateau
@@ -32,9 +32,9 @@ class ReloadOutcome:
     success_time: float  # Unix time of the last successful load (start-up or reload)
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeReading:
-    """One running probe's counters and latency, as of the scrape."""
+class ProbeReading(NamedTuple):
+    """One running probe's counters and latency, as of the scrape (a tuple: one is made per probe per scrape,
+    and a tuple is made in half the time of a frozen dataclass)."""
 
     identity: object  # the same object for the probe's life, and no other's: its rendered series are kept by it
     target: str
