@@ -3,27 +3,30 @@
 from __future__ import annotations
 
 import gc
-import subprocess
 import weakref
 
 import pytest
 
-from volprobe import collectors, config, metrics, stats
+from volprobe import app, collectors, config, metrics
 from volprobe.collectors import probe as probe_collector
 
-from .harness import MIB, volprobe_command
+from . import fakeview
+from .harness import MIB
 
 
 def test_every_collector_is_registered_with_its_flag():
     assert list(collectors.REGISTRY) == ["diskstats", "nvme", "probe", "state", "target", "throttle", "warmup"]
-    result = subprocess.run(volprobe_command("--help"), capture_output=True, text=True, check=True)
+    usage = app.parser().format_help()
     for name in collectors.REGISTRY:
-        assert f"--collector.{name}, --no-collector.{name}" in result.stdout
+        assert f"--collector.{name}, --no-collector.{name}" in usage
+    args = app.parser().parse_args(["--no-collector.diskstats", "--collector.nvme"])
+    assert collectors.enabled_from_args(args) == ["nvme", "probe", "state", "target", "throttle", "warmup"]
 
 
-def test_an_unknown_collector_flag_is_a_usage_error():
-    result = subprocess.run(volprobe_command("--no-collector.nonesuch"), capture_output=True, text=True)
-    assert result.returncode == 2 and "--no-collector.nonesuch" in result.stderr
+def test_an_unknown_collector_flag_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as refused:
+        app.parser().parse_args(["--no-collector.nonesuch"])
+    assert refused.value.code == 2 and "--no-collector.nonesuch" in capsys.readouterr().err
 
 
 @pytest.mark.root
@@ -80,20 +83,15 @@ def test_the_legacy_histogram_layout_is_one_reload_away(tmp_path, make_loop, sta
     assert exporter.stop() == 0
 
 
-class FakeRunning:
-    """What ProbeSeries reads of a running probe (labels, spec, source, buckets): enough to render its series."""
-
-    labels = {"target": "t", "device": "loop9", "op": "read"}
-    source = "device"
-    spec = config.ProbeConfig("read")
-    stats = stats.ProbeStats(60.0)
+class Running:
+    """Stands for a running probe: the identity a reading carries."""
 
 
 def test_a_probes_series_go_with_it():
     """Rendered series are kept by the probe's own entry only: a probe stopped by a reload or a detach is freed
     (an errno's series was once memoised on the class, which kept every probe ever scraped)."""
-    running = FakeRunning()
-    rendered = probe_collector.ProbeSeries(running)
+    running = Running()
+    rendered = probe_collector.ProbeSeries(fakeview.probe_reading("t", "loop9", config.ProbeConfig("read"), running))
     assert rendered.error("EIO") is rendered.error("EIO")
     assert 'errno="EIO"' in rendered.error("EIO").text
     gone = weakref.ref(running)

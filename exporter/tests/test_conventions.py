@@ -6,16 +6,45 @@ import json
 import subprocess
 import tomllib
 import urllib.error
+import urllib.request
 
 import pytest
 
-from .harness import REPO, free_port, volprobe_command, write_config
+from volprobe import app
+from volprobe.command import EXIT_CONFIG, report
+from volprobe.config import ConfigError
+
+from .harness import REPO, free_port, write_config
 
 
 @pytest.fixture
 def no_targets(tmp_path) -> tuple[str, str]:
     """--config of a file with no targets: these tests touch no device."""
     return "--config", write_config(tmp_path, "targets: []\n")
+
+
+@pytest.fixture
+def serve_in_process():
+    """Run the exporter in this process (app.App) on a free loopback port: for what the wiring does, where a
+    process of its own adds nothing (signals, logs and imports are tested with one)."""
+    started: list[app.App] = []
+
+    def serve(*args: str) -> tuple[app.App, str]:
+        port = free_port()
+        running = app.App.build(app.parser().parse_args(["--web.listen-address", f"127.0.0.1:{port}", *args]))
+        running.start()
+        started.append(running)
+        running.serve()
+        return running, f"http://127.0.0.1:{port}"
+
+    yield serve
+    for running in started:
+        assert running.stop() == []
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
 
 
 def test_json_logs_carry_the_logfmt_keys(start_exporter, no_targets):
@@ -28,35 +57,34 @@ def test_json_logs_carry_the_logfmt_keys(start_exporter, no_targets):
     assert any("listening on" in line["msg"] for line in lines)
 
 
-def test_an_unknown_log_format_is_refused():
-    result = subprocess.run(volprobe_command("--log.format", "xml"), capture_output=True, text=True, timeout=30)
-    assert result.returncode == 2 and "--log.format" in result.stderr
+def test_an_unknown_log_format_is_refused(capsys):
+    with pytest.raises(SystemExit) as refused:
+        app.parser().parse_args(["--log.format", "xml"])
+    assert refused.value.code == 2 and "--log.format" in capsys.readouterr().err
 
 
-def test_the_telemetry_path_moves_the_metrics(start_exporter, no_targets):
-    exporter = start_exporter("--web.telemetry-path", "/probe/metrics", *no_targets)
-    assert "volprobe_build_info" in exporter.get("/probe/metrics")
+def test_the_telemetry_path_moves_the_metrics(serve_in_process, no_targets):
+    _, url = serve_in_process("--web.telemetry-path", "/probe/metrics", *no_targets)
+    assert "volprobe_build_info" in get(url + "/probe/metrics")
     with pytest.raises(urllib.error.HTTPError) as missing:
-        exporter.get("/metrics")
+        get(url + "/metrics")
     assert missing.value.code == 404
-    assert 'href="/probe/metrics"' in exporter.get("/")
+    assert 'href="/probe/metrics"' in get(url + "/")
 
 
 @pytest.mark.parametrize("path", ["metrics", "/-/healthy"])
-def test_a_telemetry_path_that_cannot_work_is_refused(path, no_targets):
-    command = volprobe_command("--web.telemetry-path", path, *no_targets)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=30)
-    assert result.returncode == 2 and "--web.telemetry-path" in result.stderr
+def test_a_telemetry_path_that_cannot_work_is_refused(path, no_targets, capsys):
+    with pytest.raises(ConfigError) as refused:
+        app.App.build(app.parser().parse_args(["--web.telemetry-path", path, *no_targets]))
+    assert report(refused.value) == EXIT_CONFIG == 2 and "--web.telemetry-path" in capsys.readouterr().err
 
 
-def test_several_listen_addresses_serve_the_same_metrics(start_exporter, no_targets):
+def test_several_listen_addresses_serve_the_same_metrics(serve_in_process, no_targets):
     other = free_port()
-    exporter = start_exporter("--web.listen-address", f"127.0.0.1:{other}", *no_targets)
-    first = exporter.get("/metrics")
-    exporter.port = other
-    second = exporter.get("/metrics")
+    running, url = serve_in_process("--web.listen-address", f"127.0.0.1:{other}", *no_targets)
+    assert len(running.servers) == 2
+    first, second = get(url + "/metrics"), get(f"http://127.0.0.1:{other}/metrics")
     assert "volprobe_build_info" in first and "volprobe_build_info" in second
-    assert exporter.stop() == 0
 
 
 def test_the_daemon_runs_without_rich(start_exporter, tmp_path, no_targets):

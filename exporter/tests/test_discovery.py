@@ -307,19 +307,18 @@ def test_one_volume_is_chosen_for_a_disk_that_several_pods_mount():
 
 
 def test_the_target_collector_labels_a_discovered_disk_and_keeps_its_choice(kubelet_node):
-    from types import SimpleNamespace
-
-    from volprobe.collectors import Sources
     from volprobe.collectors.target import TargetCollector
+    from volprobe.config import Limits
+    from volprobe.runtime import readings
+    from volprobe.view import TargetReading
+
+    from .fakeview import FakeView
 
     host = kubelet_node.host()
     devices = host.devices()
-    targets = [
-        SimpleNamespace(name=n, device=devices[n], path=f"/dev/{n}", mount=None, disks=[n])
-        for n in ("nvme1n1", "nvme9n1")
-    ]
-    exporter = SimpleNamespace(host=host, probes=SimpleNamespace(targets=lambda: targets))
-    collector = TargetCollector(Sources(exporter))
+    targets = [TargetReading(n, f"/dev/{n}", devices[n], None, (n,), Limits()) for n in ("nvme1n1", "nvme9n1")]
+    view = FakeView(targets=targets, kubelet=lambda found: readings.kubernetes_volumes(host, found))
+    collector = TargetCollector(view)
 
     def labels() -> dict[str, tuple[str, str]]:
         info = collector.collect()[0]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
@@ -19,7 +17,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from volprobe import config
-from volprobe.collectors import Sources, VolprobeCollector
+from volprobe.collectors import VolprobeCollector
 from volprobe.discovery import Host
 from volprobe.exposition import TextExposition, generate_text
 from volprobe.runtime import Exporter
@@ -81,7 +79,7 @@ def test_the_exporters_own_registry_renders_the_same(make_loop):
     exporter.start()
     try:
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(VolprobeCollector(Sources(exporter, Path("/proc"))))
+        registry.register(VolprobeCollector(exporter))
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         exporter.probes.running()[0].worker.join(0.5)  # let a few probes land

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from volprobe import probe, supervise, timer
+from volprobe.capabilities import Capabilities
 from volprobe.config import ProbeConfig, ThrottleConfig
 from volprobe.discovery import Host
 from volprobe.runtime.probes import ProbeSet
@@ -164,7 +165,7 @@ class RaisesOnce:
 def test_a_provider_poll_that_raises_is_logged_counted_and_polled_again(monkeypatch, caplog):
     monkeypatch.setattr(supervise, "FIRST_BACKOFF_S", 0.2)
     disks = RaisesOnce(RuntimeError("sysfs went away"), set())
-    provider = ProviderStats(Host(), disks, interval=0.05)
+    provider = ProviderStats(Host(), disks, interval=0.05, capabilities=Capabilities())
     before = supervise.restarts()["provider"]
     provider.start()
     try:
@@ -203,7 +204,9 @@ def test_the_throttle_detectors_sampler_that_raises_is_logged_counted_and_sample
 
 def test_stopping_a_provider_during_its_back_off_returns_at_once(monkeypatch, caplog):
     monkeypatch.setattr(supervise, "FIRST_BACKOFF_S", 30.0)
-    provider = ProviderStats(Host(), RaisesOnce(RuntimeError("once"), set()), interval=0.05)
+    provider = ProviderStats(
+        Host(), RaisesOnce(RuntimeError("once"), set()), interval=0.05, capabilities=Capabilities()
+    )
     provider.start()
     wait_until(lambda: failures_logged(caplog, "provider statistics poll", RuntimeError), what="the failure")
     started = time.monotonic()
@@ -225,7 +228,7 @@ def test_an_error_after_a_warm_up_ran_restarts_the_follow_up_not_the_warm_up(mon
         return SimpleNamespace(state="done")
 
     job.run = run
-    manager = WarmupManager(StateStore(None))
+    manager = WarmupManager(StateStore(None), Capabilities())
     start_queued = RaisesOnce(RuntimeError("can't start new thread"), None)
     manager._start_queued = start_queued
     entry = _Entry(SimpleNamespace(name="disk", path="/dev/disk"), job, discovered=True)
@@ -242,9 +245,11 @@ def test_an_error_after_a_warm_up_ran_restarts_the_follow_up_not_the_warm_up(mon
 def test_every_thread_is_exported_from_the_start(monkeypatch):
     from volprobe import metrics
     from volprobe.collectors import VolprobeCollector
+    from volprobe.config import Config
+    from volprobe.discovery import Host
+    from volprobe.runtime import Exporter
 
-    exporter = SimpleNamespace(last_reload_successful=True, last_reload_success_time=0.0)
-    collector = VolprobeCollector(SimpleNamespace(exporter=exporter), enabled=[])
+    collector = VolprobeCollector(Exporter(Config(), Host()), enabled=[])  # built, not started
     family = next(f for f in collector.collect() if f.name == metrics.THREAD_RESTARTS.name)
     exported = {s.labels["thread"]: s.value for s in family.samples if s.name == metrics.THREAD_RESTARTS.total}
     assert set(exported) == set(supervise.THREADS)

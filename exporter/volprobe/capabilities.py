@@ -54,21 +54,9 @@ def set_idle_priority(capabilities: Capabilities) -> None:
         capabilities.record(IDLE_IO_PRIORITY, True)
 
 
-def check_idle_io_priority(capabilities: Capabilities | None = None) -> None:
+def check_idle_io_priority(capabilities: Capabilities) -> None:
     """Try the idle I/O class on a throwaway thread (ioprio is per thread), so that the metric is there before
     the first warm-up needs it."""
-    found = PROCESS if capabilities is None else capabilities
-    thread = threading.Thread(target=set_idle_priority, args=(found,), name="ioprio check", daemon=True)
+    thread = threading.Thread(target=set_idle_priority, args=(capabilities,), name="ioprio check", daemon=True)
     thread.start()
     thread.join(5)
-
-
-# temporarily: the one instance for cli.py, runtime/__init__.py and collectors/__init__.py, which do not pass
-# theirs down yet (being rewritten in issue 26); removed at merge, with known() and the defaults that use it,
-# once the app creates the Capabilities and hands it to the Exporter's parts and to the collectors.
-PROCESS = Capabilities()
-
-
-def known() -> dict[str, bool]:
-    """temporarily: PROCESS.known(), for collectors/__init__.py until it reads the exporter's (issue 26)."""
-    return PROCESS.known()

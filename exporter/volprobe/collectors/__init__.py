@@ -1,8 +1,9 @@
 """Collectors, one per source, registered by name as node_exporter's are.
 
 Each module here reads one source (the probes, the targets' identity, /proc/diskstats, the throttle detector,
-the warm-ups) and returns fresh metric families on every scrape, built from the declarations in
-volprobe.metrics. `--collector.NAME` / `--no-collector.NAME` turn one on or off. VolprobeCollector runs the
+the warm-ups) through the runtime's narrow view (volprobe.view.RuntimeView: snapshots, never the running
+objects) and returns fresh metric families on every scrape, built from the declarations in volprobe.metrics.
+`--collector.NAME` / `--no-collector.NAME` turn one on or off. VolprobeCollector runs the
 enabled ones, times each, and isolates failures: a collector that raises is reported by
 volprobe_scrape_collector_success and the others are still served. Nothing here waits on a probed device.
 """
@@ -11,58 +12,19 @@ from __future__ import annotations
 
 import argparse
 import logging
-import platform
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
-from .. import __version__, capabilities, metrics, supervise
-from ..probe import TIMER
+from .. import metrics
+from ..view import ReloadOutcome, RuntimeView
+from .registry import REGISTRY, Collector, Registration, register
 
-if TYPE_CHECKING:
-    from ..runtime import Exporter
-    from ..webconfig import WebConfigWatcher
+__all__ = ["REGISTRY", "Collector", "Registration", "VolprobeCollector", "add_flags", "enabled_from_args", "register"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Sources:
-    """What collectors read: the running exporter's in-memory state, and the host's /proc."""
-
-    exporter: Exporter
-    proc_root: Path = Path("/proc")
-    web: WebConfigWatcher | None = None  # the web config's reload outcome, exported when given
-
-
-class Collector(Protocol):
-    def collect(self) -> list[Metric]: ...
-
-
-@dataclass(frozen=True)
-class Registration:
-    name: str
-    factory: Callable[[Sources], Collector]
-    enabled_by_default: bool
-    help: str
-
-
-REGISTRY: dict[str, Registration] = {}
-
-
-def register(name: str, help_text: str, enabled_by_default: bool = True):
-    """Class decorator: make a collector known by `name` (its flag and its `collector` label)."""
-
-    def add(factory: Callable[[Sources], Collector]) -> Callable[[Sources], Collector]:
-        REGISTRY[name] = Registration(name, factory, enabled_by_default, help_text)
-        return factory
-
-    return add
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -85,55 +47,59 @@ class VolprobeCollector(PrometheusCollector):
     """Runs the enabled collectors on every scrape: build info and the reload outcome (always), the enabled
     collectors' families, their success and duration."""
 
-    def __init__(self, sources: Sources, enabled: Iterable[str] | None = None) -> None:
+    def __init__(
+        self, view: RuntimeView, enabled: Iterable[str] | None = None, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         chosen = set(REGISTRY if enabled is None else enabled)
         unknown = chosen - set(REGISTRY)
         if unknown:
             raise ValueError(f"unknown collectors: {', '.join(sorted(unknown))}")
-        self.sources = sources
-        self.parts = [(name, reg.factory(sources)) for name, reg in REGISTRY.items() if name in chosen]
+        self.view = view
+        self.clock = clock  # times each collector (a fixed clock makes the exposition reproducible)
+        self.parts = [(name, reg.factory(view)) for name, reg in REGISTRY.items() if name in chosen]
 
     def collect(self) -> Iterator[Metric]:
+        view = self.view
         build = metrics.BUILD_INFO.family()
-        build.add_metric([__version__, platform.python_version(), TIMER], 1)
+        info = view.build_info()
+        build.add_metric([info.version, info.python_version, info.timer], 1)
         yield build
         capability = metrics.CAPABILITY_AVAILABLE.family()
-        for name, available in sorted(capabilities.known().items()):
+        for name, available in sorted(view.capabilities().items()):
             capability.add_metric([name], 1.0 if available else 0.0)
         yield capability
         restarts = metrics.THREAD_RESTARTS.family()
-        for thread, count in supervise.restarts().items():
+        for thread, count in view.thread_restarts().items():
             restarts.add_metric([thread], count)
         yield restarts
-        exporter = self.sources.exporter
-        reload_ok = metrics.CONFIG_RELOAD_SUCCESSFUL.family()
-        reload_ok.add_metric([], 1.0 if exporter.last_reload_successful else 0.0)
-        yield reload_ok
-        reload_time = metrics.CONFIG_RELOAD_SUCCESS_TIME.family()
-        reload_time.add_metric([], exporter.last_reload_success_time)
-        yield reload_time
-        if self.sources.web is not None:
-            web_ok = metrics.WEB_CONFIG_RELOAD_SUCCESSFUL.family()
-            web_ok.add_metric([], 1.0 if self.sources.web.last_reload_successful else 0.0)
-            yield web_ok
-            web_time = metrics.WEB_CONFIG_RELOAD_SUCCESS_TIME.family()
-            web_time.add_metric([], self.sources.web.last_reload_success_time)
-            yield web_time
+        config = view.config_reload()
+        yield from _reload_families(config, metrics.CONFIG_RELOAD_SUCCESSFUL, metrics.CONFIG_RELOAD_SUCCESS_TIME)
+        web = view.web_config_reload()
+        if web is not None:  # exported with a web config watcher only
+            web_ok, web_time = metrics.WEB_CONFIG_RELOAD_SUCCESSFUL, metrics.WEB_CONFIG_RELOAD_SUCCESS_TIME
+            yield from _reload_families(web, web_ok, web_time)
         success = metrics.SCRAPE_SUCCESS.family()
         duration = metrics.SCRAPE_DURATION.family()
         for name, part in self.parts:
-            start = time.perf_counter()
+            start = self.clock()
             try:
                 families = part.collect()
                 ok = 1.0
             except Exception:
                 log.exception("collector %s failed", name)
                 families, ok = [], 0.0
-            duration.add_metric([name], time.perf_counter() - start)
+            duration.add_metric([name], self.clock() - start)
             success.add_metric([name], ok)
             yield from families
         yield success
         yield duration
+
+
+def _reload_families(outcome: ReloadOutcome, ok: metrics.MetricSpec, when: metrics.MetricSpec) -> list[Metric]:
+    successful, success_time = ok.family(), when.family()
+    successful.add_metric([], 1.0 if outcome.successful else 0.0)
+    success_time.add_metric([], outcome.success_time)
+    return [successful, success_time]
 
 
 # The collectors register themselves on import.

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from prometheus_client.core import Metric
 
-from .. import diskstats, metrics
-from . import Sources, register
+from .. import metrics
+from ..view import RuntimeView
+from .registry import register
 
 
 @register("diskstats", "/proc/diskstats of probed devices, named as node_exporter's node_disk_*")
 class DiskstatsCollector:
-    def __init__(self, sources: Sources) -> None:
-        self.exporter = sources.exporter
-        self.proc_root = sources.proc_root
+    def __init__(self, view: RuntimeView) -> None:
+        self.view = view
 
     def collect(self) -> list[Metric]:
-        wanted = None if self.exporter.config.diskstats == "all" else self.exporter.probed_devices()
-        stats = diskstats.read(self.proc_root, wanted)
+        stats = self.view.disk_stats()
         names = sorted(stats)
         families = []
         for disk in metrics.DISK_METRICS:

@@ -7,21 +7,22 @@ from prometheus_client.core import Metric
 
 from .. import metrics
 from ..runtime.provider import EXCEEDED
-from . import Sources, register
+from ..view import RuntimeView
+from .registry import register
 
 
 @register("nvme", "the provider's statistics of AWS NVMe devices (EBS, instance store)")
 class NvmeCollector:
-    def __init__(self, sources: Sources) -> None:
-        self.exporter = sources.exporter
+    def __init__(self, view: RuntimeView) -> None:
+        self.view = view
 
     def collect(self) -> list[Metric]:
         ops, moved, seconds = metrics.NVME_OPS.family(), metrics.NVME_BYTES.family(), metrics.NVME_SECONDS.family()
         exceeded, queue = metrics.NVME_EXCEEDED.family(), metrics.NVME_QUEUE.family()
         latency, up = metrics.NVME_LATENCY.family(), metrics.NVME_UP.family()
-        for disk, device in sorted(self.exporter.provider.snapshot().items()):
+        for disk, device in sorted(self.view.provider_readings().items()):
             labels = [disk, device.kind]
-            up.add_metric(labels, 1.0 if device.fresh() else 0.0)
+            up.add_metric(labels, 1.0 if device.fresh else 0.0)
             stats = device.latest
             if stats is None:
                 continue

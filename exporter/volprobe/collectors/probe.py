@@ -7,16 +7,16 @@ the values: with 64 targets the scrape costs a fraction of what building every s
 from __future__ import annotations
 
 import functools
-import time
+from collections.abc import Sequence
 
 from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
 from .. import metrics
 from ..exposition import Series, SeriesFamily
-from ..runtime import RunningProbe
 from ..stats import SUMMARY_QUANTILES, TOUCHES, LatencySnapshot
-from . import Sources, register
+from ..view import ProbeReading, RuntimeView
+from .registry import register
 
 # Errors that exist at 0 from a probe's start: the first one is then an increase, which alerts and panels see.
 # Others (ENXIO, SHORT, ...) appear when they first happen; volprobe_probe_failures_total counts them all.
@@ -59,11 +59,12 @@ class SummarySeries:
 class ProbeSeries:
     """Every series of one running probe, rendered when it is first scraped."""
 
-    def __init__(self, running: RunningProbe) -> None:
-        self.running = running
-        self.labels = labels = running.labels
-        spec = running.spec
-        self.latency = HistogramSeries(LATENCY, labels, running.stats.buckets)
+    def __init__(self, reading: ProbeReading) -> None:
+        self.identity = reading.identity  # kept alive by this entry only as long as the collector keeps it
+        self.labels = labels = reading.labels
+        self.buckets = reading.buckets
+        spec = reading.spec
+        self.latency = HistogramSeries(LATENCY, labels, reading.buckets)
         self.recent = {touch: SummarySeries(RECENT, {**labels, "touch": touch}) for touch in TOUCHES}
         self.missed = metrics.PROBE_MISSED.series(metrics.PROBE_MISSED.total, labels)
         self.failures = metrics.PROBE_FAILURES.series(metrics.PROBE_FAILURES.total, labels)
@@ -75,7 +76,7 @@ class ProbeSeries:
             "block_size_bytes": str(spec.block_size),
             "interval": f"{spec.interval:g}s",
             "sync": str(spec.sync).lower(),
-            "source": running.source,
+            "source": reading.source,
         }
         self.info = metrics.PROBE_INFO.series(metrics.PROBE_INFO.name, info_labels)
         self._errors: dict[str, Series] = {}
@@ -83,7 +84,7 @@ class ProbeSeries:
     @functools.cached_property
     def latency_by_touch(self) -> dict[str, HistogramSeries]:
         """defaults.histogram_by_touch: the histogram split by touch as well."""
-        bounds = self.running.stats.buckets
+        bounds = self.buckets
         split = metrics.PROBE_LATENCY_BY_TOUCH
         return {touch: HistogramSeries(split, {**self.labels, "touch": touch}, bounds) for touch in TOUCHES}
 
@@ -99,20 +100,22 @@ class ProbeSeries:
 
 @register("probe", "probe latency, errors and specification")
 class ProbeCollector:
-    def __init__(self, sources: Sources) -> None:
-        self.exporter = sources.exporter
-        self._series: dict[int, ProbeSeries] = {}  # by id() of the running probe, which the entry keeps alive
+    def __init__(self, view: RuntimeView) -> None:
+        self.view = view
+        self._series: dict[int, ProbeSeries] = {}  # by id() of the probe's identity, which the entry keeps alive
         self._zero_series: dict[tuple[str, str], Series] = {}
 
-    def _series_of(self, running: list[RunningProbe]) -> list[ProbeSeries]:
-        known, fresh = self._series, {}
-        for probe in running:
-            entry = known.get(id(probe))
-            if entry is None or entry.running is not probe or entry.labels != probe.labels:
-                entry = ProbeSeries(probe)
-            fresh[id(probe)] = entry
+    def _series_of(self, readings: Sequence[ProbeReading]) -> list[tuple[ProbeSeries, ProbeReading]]:
+        known, fresh, pairs = self._series, {}, []
+        for reading in readings:
+            key = id(reading.identity)
+            entry = known.get(key)
+            if entry is None or entry.identity is not reading.identity or entry.labels != reading.labels:
+                entry = ProbeSeries(reading)
+            fresh[key] = entry
+            pairs.append((entry, reading))
         self._series = fresh  # probes gone since the last scrape are forgotten
-        return list(fresh.values())
+        return pairs
 
     def collect(self) -> list[Metric]:
         latency = metrics.PROBE_LATENCY.series_family()
@@ -124,13 +127,10 @@ class ProbeCollector:
         zero_reads = metrics.PROBE_ZERO_READS.series_family()
         interval = metrics.PROBE_INTERVAL.series_family()
         info = metrics.PROBE_INFO.series_family()
-        by_touch = self.exporter.config.histogram_by_touch
-        now = time.perf_counter_ns()
+        by_touch = self.view.histogram_by_touch()
         zero_by_target: dict[tuple[str, str], int] = {}
-        for rendered in self._series_of(self.exporter.probes.running()):
-            running = rendered.running
-            running.worker.drain()
-            snaps = [running.stats.snapshot(touch, now) for touch in TOUCHES]
+        for rendered, reading in self._series_of(self.view.probe_readings()):
+            snaps = reading.touches
             for touch, snap in zip(TOUCHES, snaps, strict=True):
                 rendered.recent[touch].add(recent, snap)
                 if by_touch:
@@ -139,18 +139,18 @@ class ProbeCollector:
                 first, repeat = snaps
                 merged = [a + b for a, b in zip(first.cumulative, repeat.cumulative, strict=True)]
                 rendered.latency.add(latency, merged, first.sum_seconds + repeat.sum_seconds)
-            worker, spec = running.worker, running.spec
-            missed.add(rendered.missed, worker.missed)
-            counts = worker.error_counts()
+            spec = reading.spec
+            missed.add(rendered.missed, reading.missed)
+            counts = reading.errors
             for name in sorted({*PRESET_ERRNOS, *counts}):
                 errors.add(rendered.error(name), counts.get(name, 0))
             failures.add(rendered.failures, sum(counts.values()))
-            inflight.add(rendered.inflight, worker.inflight_seconds(now))
-            interval.add(rendered.interval, spec.interval * worker.slowdown)
+            inflight.add(rendered.inflight, reading.inflight_seconds)
+            interval.add(rendered.interval, spec.interval * reading.slowdown)
             info.add(rendered.info, 1)
             if not spec.kind.writes:
-                key = (rendered.labels["target"], rendered.labels["device"])
-                zero_by_target[key] = zero_by_target.get(key, 0) + worker.zero_reads
+                key = (reading.target, reading.device)
+                zero_by_target[key] = zero_by_target.get(key, 0) + reading.zero_reads
         zero_series = {}
         for (target, device), count in sorted(zero_by_target.items()):
             one = self._zero_series.get((target, device))

@@ -6,13 +6,14 @@ from prometheus_client.core import Metric
 
 from .. import metrics
 from ..discovery import choose_kubernetes_volume, kubernetes_volume
-from . import Sources, register
+from ..view import RuntimeView
+from .registry import register
 
 
 @register("target", "identity of targets and their devices")
 class TargetCollector:
-    def __init__(self, sources: Sources) -> None:
-        self.exporter = sources.exporter
+    def __init__(self, view: RuntimeView) -> None:
+        self.view = view
         # Each target's (pv, pod_uid) from kubelet's mounts at the last scrape: kept while it still holds.
         self._kubelet: dict[str, tuple[str, str]] = {}
 
@@ -21,19 +22,19 @@ class TargetCollector:
         disks = metrics.TARGET_DISK_INFO.family()
         size = metrics.DEVICE_SIZE.family()
         seen: set[str] = set()
-        host = self.exporter.host
-        kubelet_mounts = None
         chosen: dict[str, tuple[str, str]] = {}
-        for target in self.exporter.probes.targets():
+        targets = self.view.target_readings()
+        # A device (one discovery found, say) that pods mount: kubelet's mounts of it say which.
+        named = {t.name: kubernetes_volume(t.path, t.mount.mount_point if t.mount else "") for t in targets}
+        unnamed = [t.device for t in targets if not named[t.name][0]]
+        kubelet = self.view.kubernetes_volumes(unnamed) if unnamed else {}
+        for target in targets:
             d = target.device
             mountpoint = target.mount.mount_point if target.mount else ""
-            pv, pod = kubernetes_volume(target.path, mountpoint)
-            if not pv:  # a device (one discovery found, say) that pods mount: kubelet's mounts of it say which
-                if kubelet_mounts is None:
-                    kubelet_mounts = host.kubelet_mounts()
-                found = host.kubernetes_volumes(d, kubelet_mounts)
+            pv, pod = named[target.name]
+            if not pv:
                 previous = self._kubelet.get(target.name, ("", ""))
-                pv, pod = chosen[target.name] = choose_kubernetes_volume(found, previous)
+                pv, pod = chosen[target.name] = choose_kubernetes_volume(kubelet.get(d.name, set()), previous)
             fstype = target.mount.fstype if target.mount else ""
             identity = [d.kind, d.serial, d.model, d.vendor, d.wwn, d.volume_id, mountpoint, fstype]
             info.add_metric([target.name, d.name, target.path, *identity, ",".join(target.disks), pv, pod], 1)

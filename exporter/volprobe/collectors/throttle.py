@@ -7,28 +7,28 @@ from prometheus_client.core import Metric
 
 from .. import metrics
 from ..detectors import DIRECTIONS, LIMITS
-from ..runtime.provider import verdicts
-from . import Sources, register
+from ..view import RuntimeView
+from .registry import register
 
 
 @register("throttle", "throttling plateaus and provisioned limits")
 class ThrottleCollector:
-    def __init__(self, sources: Sources) -> None:
-        self.exporter = sources.exporter
+    def __init__(self, view: RuntimeView) -> None:
+        self.view = view
 
     def collect(self) -> list[Metric]:
         limit_ops = metrics.LIMIT_OPS.family()
         limit_bytes = metrics.LIMIT_BYTES.family()
-        for target in self.exporter.probes.targets():
-            limits = target.config.limits
+        for target in self.view.target_readings():
+            limits = target.limits
             for disk in target.disks:
                 if limits.iops:
                     limit_ops.add_metric([target.name, disk], limits.iops)
                 if limits.bandwidth:
                     limit_bytes.add_metric([target.name, disk], limits.bandwidth)
         families: list[Metric] = [limit_ops, limit_bytes]
-        detector = self.exporter.throttle.detector
-        if detector is None:
+        disks = self.view.throttle_readings()
+        if disks is None:  # the detector is off
             return families
         active = metrics.THROTTLE_ACTIVE.family()
         ceiling_ops = metrics.THROTTLE_CEILING_OPS.family()
@@ -37,7 +37,7 @@ class ThrottleCollector:
         share = metrics.PROBE_SHARE.family()
         checks = metrics.THROTTLE_CHECKS.family()
         unloaded = metrics.THROTTLE_UNLOADED.family()
-        for name, state in sorted(detector.snapshot().items()):
+        for name, state in sorted(disks.items()):
             for direction in DIRECTIONS:
                 plateau = state.plateaus.get(direction)
                 for limit in LIMITS:
@@ -47,15 +47,14 @@ class ThrottleCollector:
                 if plateau:
                     ceiling_ops.add_metric([name, direction], plateau.ceiling_ops)
                     ceiling_bytes.add_metric([name, direction], plateau.ceiling_bytes)
-            ratio = detector.probe_share(name)
-            if ratio is not None:
-                share.add_metric([name], ratio)
+            if state.probe_share is not None:
+                share.add_metric([name], state.probe_share)
             for result in ("capped", "uncapped", "inconclusive"):
                 checks.add_metric([name, result], state.checks.get(result, 0))
             for direction, value in sorted(state.unloaded.items()):
                 if value is not None:
                     unloaded.add_metric([name, direction], value)
-        for name, device in sorted(self.exporter.provider.snapshot().items()):
-            for limit, throttled in verdicts(device).items():
+        for name, device in sorted(self.view.provider_readings().items()):
+            for limit, throttled in device.verdicts.items():
                 active.add_metric([name, limit, "total", "provider"], 1.0 if throttled else 0.0)
         return [*families, active, ceiling_ops, ceiling_bytes, seconds, share, checks, unloaded]

@@ -16,14 +16,32 @@ histograms, counters and warm-ups; a configuration that does not resolve is reje
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
+from .. import __version__, capabilities, diskstats, supervise
 from .. import targets as targets_mod
 from ..config import Config, ConfigError
-from ..discovery import Host
+from ..discovery import BlockDevice, Host
+from ..diskstats import DiskStats
+from ..probe import TIMER
 from ..state import StateStore, state_directory
 from ..targets import ResolvedTarget
+from ..view import (
+    BuildInfo,
+    DiskThrottle,
+    ProbeReading,
+    ProviderDevice,
+    ReloadOutcome,
+    TargetReading,
+    VolumeReading,
+    WarmupReading,
+)
+from . import readings
 from . import reload as reload_plan
 from .follow import DeviceFollower
 from .probes import STOP_TIMEOUT_S, ProbeSet, RunningProbe
@@ -36,20 +54,38 @@ __all__ = ["Exporter", "RunningProbe"]
 log = logging.getLogger(__name__)
 
 
-class Exporter:
-    """Owns the probes of one configuration. start() raises ConfigError before anything is written."""
+class ReloadStatus(Protocol):
+    """What a watcher of a reloaded file says of its last reload (webconfig.WebConfigWatcher)."""
 
-    def __init__(self, config: Config, host: Host) -> None:
+    last_reload_successful: bool
+    last_reload_success_time: float
+
+
+class Exporter:
+    """Owns the probes of one configuration. start() raises ConfigError before anything is written. The
+    collectors see it through volprobe.view.RuntimeView, which it implements."""
+
+    def __init__(self, config: Config, host: Host, web: ReloadStatus | None = None) -> None:
         self.config = config
+        self.web = web  # the web config's watcher, whose reload outcome is exported
         self.host = host
+        self.found = capabilities.Capabilities()  # what this process may do, as its parts find out
         self.probes = ProbeSet(host)
         self.state = StateStore(state_directory(config.state_directory))
-        self.warmups = WarmupManager(self.state)
+        self.warmups = WarmupManager(self.state, self.found)
         self.throttle = ThrottleWatch(self.probes, host, lambda: self.state)
-        self.provider = ProviderStats(host, self.throttle.devices, self.throttle.provider_changed)
+        self.provider = ProviderStats(
+            host, self.throttle.devices, self.throttle.provider_changed, capabilities=self.found
+        )
         self._lock = threading.Lock()  # reloads and discovery rescans, one at a time
         self.follower = DeviceFollower(
-            host, self.probes, self._lock, self._start_targets, self._stop_targets, self._warm_discovered
+            host,
+            self.probes,
+            self._lock,
+            self._start_targets,
+            self._stop_targets,
+            self._warm_discovered,
+            capabilities=self.found,
         )
         self.last_reload_successful = True
         self.last_reload_success_time = time.time()
@@ -95,59 +131,98 @@ class Exporter:
             self.last_reload_success_time = time.time()
 
     def _reload(self, config: Config) -> None:
+        """The steps of a reload, in the only order that works. Until _prepare() returns, nothing running has
+        changed, and a ConfigError leaves it so (all or nothing); from then on each step applies."""
         with self._lock:
-            resolved = targets_mod.resolve(config, self.host)  # every check, as at start-up
-            old = self.config
-            restart_all = ""
-            if (config.window, config.buckets) != (old.window, old.buckets):
-                restart_all = "defaults.window or defaults.buckets changed: every histogram starts again"
-            running = [t for t in self.probes.targets() if not t.discovered]
-            plan = reload_plan.plan(running, resolved, restart_all)
-            # All or nothing: everything the new targets need is prepared before anything running changes, so
-            # a rejection leaves every probe, warm-up and limit as it was. Only a raw device that a stopping
-            # target holds with O_EXCL must be let go first (see _take_over).
-            held = {_raw_device(t) for t in plan.stop} - {None}
-            later = [t for t in plan.start if _raw_device(t) in held]
-            now = [t for t in plan.start if _raw_device(t) not in held]
-            targets_mod.prepare(self.host, now, strict=not config.builtin)
-            try:
-                self._take_over(plan, later, strict=not config.builtin)
-            except ConfigError:
-                targets_mod.close(plan.start)
-                raise
-            # Accepted. Kept targets take their new keys, limits and warm-up settings; a changed warm-up
-            # restarts alone, from its checkpoint.
-            rewarm = [current for current, reloaded in plan.keep if current.config.warmup != reloaded.config.warmup]
-            self.warmups.stop(rewarm)
-            for current, reloaded in plan.keep:
-                current.config = reloaded.config
-                self.probes.rekey(current)
-            for target in plan.stop:
-                self._stop_targets([target], why=plan.why[target.name])
-            self.config = config
-            # A configured target now claims a device discovery was probing: the discovered one stops first.
-            claimed = {t.device.name for t in plan.start}
-            taken = [t for t in self.probes.targets() if t.discovered and t.device.name in claimed]
-            if taken:
-                self._stop_targets(taken, why="now a configured target")
-            directory = state_directory(config.state_directory)
-            if directory != self.state.directory:
-                # Running probes and warm-ups keep the store they started with; new ones use the new directory.
-                self.state = self.warmups.store = StateStore(directory)
-            self._start_targets(plan.start)
-            self.warmups.start(rewarm)
-            if restart_all:
-                discovered = [t for t in self.probes.targets() if t.discovered]
-                if discovered:
-                    self._stop_targets(discovered, 1.0, restart_all)
-            self.throttle.apply(config.throttle)
-            self.follower.apply(config)
-            # Discovered devices' warm-ups follow discovery.warmup: changed settings restart them (from their
-            # checkpoints), a policy that now selects a running device starts its warm-up.
-            warm = config.discovery.warmup if config.discovery else None
-            again = self.warmups.discovered_spec_changed(warm)
-            self._warm_discovered([t for t, appeared in again if appeared], True)
-            self._warm_discovered([t for t in self.probes.targets() if t.discovered], False)
+            change = self._plan_reload(config)
+            self._prepare(change)
+            self._update_kept(change)
+            self._stop_replaced(change)  # before the new ones start: they may take over the same names
+            self._switch_config(change)  # before any new probe starts: it reads window and buckets from it
+            self._start_new(change)
+            self._apply_policies(change)  # last: throttle and discovery see the final set of targets
+        self._log_reload(change.plan)
+        if self.config.discovery is not None:
+            self.follower.rescan()  # apply discovery changes now, not at the next rescan
+
+    def _plan_reload(self, config: Config) -> _Change:
+        """Resolve the new configuration (every check, as at start-up) and match it with what runs. No I/O
+        beyond resolving; nothing changes."""
+        resolved = targets_mod.resolve(config, self.host)
+        old = self.config
+        restart_all = ""
+        if (config.window, config.buckets) != (old.window, old.buckets):
+            restart_all = "defaults.window or defaults.buckets changed: every histogram starts again"
+        running = [t for t in self.probes.targets() if not t.discovered]
+        plan = reload_plan.plan(running, resolved, restart_all)
+        # Kept targets whose warm-up settings changed: that warm-up alone restarts, from its checkpoint.
+        rewarm = [current for current, reloaded in plan.keep if current.config.warmup != reloaded.config.warmup]
+        return _Change(config, plan, restart_all, rewarm)
+
+    def _prepare(self, change: _Change) -> None:
+        """Everything the new targets need, prepared before anything running changes, so that a rejection
+        leaves every probe, warm-up and limit as it was. Only a raw device that a stopping target holds with
+        O_EXCL must be let go first (see _take_over)."""
+        plan, strict = change.plan, not change.config.builtin
+        held = {_raw_device(t) for t in plan.stop} - {None}
+        later = [t for t in plan.start if _raw_device(t) in held]
+        now = [t for t in plan.start if _raw_device(t) not in held]
+        targets_mod.prepare(self.host, now, strict=strict)
+        try:
+            self._take_over(plan, later, strict=strict)
+        except ConfigError:
+            targets_mod.close(plan.start)
+            raise
+
+    def _update_kept(self, change: _Change) -> None:
+        """Kept targets take their new keys, limits and warm-up settings; a changed warm-up stops here and
+        starts again in _start_new."""
+        self.warmups.stop(change.rewarm)
+        for current, reloaded in change.plan.keep:
+            current.config = reloaded.config
+            self.probes.rekey(current)
+
+    def _stop_replaced(self, change: _Change) -> None:
+        for target in change.plan.stop:
+            self._stop_targets([target], why=change.plan.why[target.name])
+
+    def _switch_config(self, change: _Change) -> None:
+        """The new configuration becomes the running one. A configured target that now claims a device
+        discovery was probing: the discovered one stops first. A new state directory serves what starts from
+        now on; running probes and warm-ups keep the store they started with."""
+        config = self.config = change.config
+        claimed = {t.device.name for t in change.plan.start}
+        taken = [t for t in self.probes.targets() if t.discovered and t.device.name in claimed]
+        if taken:
+            self._stop_targets(taken, why="now a configured target")
+        directory = state_directory(config.state_directory)
+        if directory != self.state.directory:
+            self.state = self.warmups.store = StateStore(directory)
+
+    def _start_new(self, change: _Change) -> None:
+        """The new and changed targets start, changed warm-ups restart; after a change every histogram must
+        follow, discovered probes stop too (discovery starts them again with the new settings)."""
+        self._start_targets(change.plan.start)
+        self.warmups.start(change.rewarm)
+        if change.restart_all:
+            discovered = [t for t in self.probes.targets() if t.discovered]
+            if discovered:
+                self._stop_targets(discovered, 1.0, change.restart_all)
+
+    def _apply_policies(self, change: _Change) -> None:
+        """Throttle and discovery settings. Discovered devices' warm-ups follow discovery.warmup: changed
+        settings restart them (from their checkpoints), a policy that now selects a running device starts its
+        warm-up."""
+        config = change.config
+        self.throttle.apply(config.throttle)
+        self.follower.apply(config)
+        warm = config.discovery.warmup if config.discovery else None
+        again = self.warmups.discovered_spec_changed(warm)
+        self._warm_discovered([t for t, appeared in again if appeared], True)
+        self._warm_discovered([t for t in self.probes.targets() if t.discovered], False)
+
+    @staticmethod
+    def _log_reload(plan: reload_plan.Plan) -> None:
         restarted = sum(1 for t in plan.stop if t.name in {s.name for s in plan.start})
         log.info(
             "configuration reloaded: %d kept, %d added, %d removed, %d restarted",
@@ -156,8 +231,6 @@ class Exporter:
             len(plan.stop) - restarted,
             restarted,
         )
-        if self.config.discovery is not None:
-            self.follower.rescan()  # apply discovery changes now, not at the next rescan
 
     def _take_over(self, plan: reload_plan.Plan, later: list[ResolvedTarget], strict: bool) -> None:
         """Prepare the new targets that write to a raw device a stopping target holds with O_EXCL: the holders
@@ -184,6 +257,53 @@ class Exporter:
         """Devices whose diskstats are exported: each probed device and the whole disks beneath it."""
         return self.probes.devices()
 
+    # -- the collectors' view (volprobe.view.RuntimeView) -----------------------------------------------
+
+    def build_info(self) -> BuildInfo:
+        return BuildInfo(__version__, platform.python_version(), TIMER)
+
+    def capabilities(self) -> dict[str, bool]:
+        return self.found.known()
+
+    def thread_restarts(self) -> dict[str, int]:
+        return supervise.restarts()
+
+    def config_reload(self) -> ReloadOutcome:
+        return ReloadOutcome(self.last_reload_successful, self.last_reload_success_time)
+
+    def web_config_reload(self) -> ReloadOutcome | None:
+        if self.web is None:
+            return None
+        return ReloadOutcome(self.web.last_reload_successful, self.web.last_reload_success_time)
+
+    def histogram_by_touch(self) -> bool:
+        return self.config.histogram_by_touch
+
+    def probe_readings(self) -> list[ProbeReading]:
+        return readings.probe_readings(self.probes)
+
+    def target_readings(self) -> list[TargetReading]:
+        return readings.target_readings(self.probes)
+
+    def kubernetes_volumes(self, devices: Sequence[BlockDevice]) -> dict[str, set[tuple[str, str]]]:
+        return readings.kubernetes_volumes(self.host, devices)
+
+    def disk_stats(self) -> dict[str, DiskStats]:
+        wanted = None if self.config.diskstats == "all" else self.probed_devices()
+        return diskstats.read(self.host.proc, wanted)
+
+    def throttle_readings(self) -> dict[str, DiskThrottle] | None:
+        return readings.throttle_readings(self.throttle)
+
+    def provider_readings(self) -> dict[str, ProviderDevice]:
+        return readings.provider_readings(self.provider)
+
+    def warmup_readings(self) -> list[WarmupReading]:
+        return readings.warmup_readings(self.warmups)
+
+    def volume_readings(self) -> dict[str, VolumeReading]:
+        return readings.volume_readings(self.state)
+
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[str]:
         """Stop every worker; return the names of those still stuck in the kernel after `timeout`."""
         self.follower.stop()
@@ -191,6 +311,16 @@ class Exporter:
         self.throttle.stop()
         self.warmups.stop_all()
         return self.probes.stop(timeout)
+
+
+@dataclass
+class _Change:
+    """A reload, planned: the new configuration, what it keeps, stops and starts, and what follows from it."""
+
+    config: Config
+    plan: reload_plan.Plan
+    restart_all: str  # why every probe restarts (window or buckets changed), or ""
+    rewarm: list[ResolvedTarget]  # kept targets whose warm-up restarts
 
 
 def _raw_device(target: ResolvedTarget) -> tuple[int, int] | None:

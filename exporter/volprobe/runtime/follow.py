@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from .. import supervise
 from .. import targets as targets_mod
-from ..capabilities import PROCESS, UDEV_MONITOR, Capabilities
+from ..capabilities import UDEV_MONITOR, Capabilities
 from ..config import Config, ConfigError, DiscoveryConfig, TargetConfig
 from ..discovery import SKIP_BY_DEFAULT, Host
 from ..osthread import name_this_thread
@@ -86,7 +86,8 @@ class DeviceFollower:
         start: Callable[[list[ResolvedTarget]], None],
         stop: Callable[[list[ResolvedTarget], float, str], None],
         warm: Callable[[list[ResolvedTarget], bool], None] = lambda _targets, _appeared: None,
-        capabilities: Capabilities = PROCESS,
+        *,
+        capabilities: Capabilities,
     ) -> None:
         self.host = host
         self.capabilities = capabilities  # whether the udev monitor could be had

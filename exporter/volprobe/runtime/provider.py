@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .. import nvme, supervise
-from ..capabilities import NVME_ADMIN, PROCESS, Capabilities
+from ..capabilities import NVME_ADMIN, Capabilities
 from ..discovery import Host
 from ..osthread import name_this_thread
 
@@ -105,7 +105,8 @@ class ProviderStats:
         disks: Callable[[], set[str]],
         on_verdict: Callable[[str, bool], None] = lambda _disk, _throttled: None,
         interval: float = POLL_INTERVAL_S,
-        capabilities: Capabilities = PROCESS,
+        *,
+        capabilities: Capabilities,
     ) -> None:
         self.host = host
         self.capabilities = capabilities  # whether the NVMe admin command is permitted

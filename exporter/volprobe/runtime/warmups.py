@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from .. import supervise
-from ..capabilities import PROCESS, Capabilities
+from ..capabilities import Capabilities
 from ..config import DiscoveryWarmupConfig, WarmupConfig
 from ..state import StateStore
 from ..targets import ResolvedTarget
@@ -41,7 +41,7 @@ class _Entry:
 class WarmupManager:
     """The warm-ups of the running targets; stopping one waits for its last checkpoint."""
 
-    def __init__(self, store: StateStore, capabilities: Capabilities = PROCESS) -> None:
+    def __init__(self, store: StateStore, capabilities: Capabilities) -> None:
         self.store = store
         self.capabilities = capabilities  # whether the warm-ups could have the idle I/O class
         self._entries: list[_Entry] = []

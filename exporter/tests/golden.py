@@ -1,0 +1,66 @@
+"""The golden exposition: the whole registry /metrics serves (volprobe.app.build_registry) over a fixed runtime
+view (fakeview.golden_view), rendered as the exporter renders it. test_golden.py compares it byte for byte
+with fixtures/e2e-output.txt, as node_exporter's end-to-end test does.
+
+After a deliberate change to what is exported, regenerate it and review the diff:
+
+    PYTHONPATH=exporter python -m exporter.tests.golden --update
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from volprobe.app import build_registry
+from volprobe.exposition import generate_text
+
+from .fakeview import golden_view
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+GOLDEN = FIXTURES / "e2e-output.txt"
+PROC = FIXTURES / "golden-proc"  # process_*: a process that used no CPU, from a fixed boot time
+
+
+class FixedPlatform:
+    """python_info of a fixed interpreter, not of the one running the test."""
+
+    @staticmethod
+    def python_version_tuple() -> tuple[str, str, str]:
+        return ("3", "11", "2")
+
+    @staticmethod
+    def python_version() -> str:
+        return "3.11.2"
+
+    @staticmethod
+    def python_implementation() -> str:
+        return "CPython"
+
+    @staticmethod
+    def system() -> str:
+        return "Linux"
+
+
+def render() -> bytes:
+    """The exposition of the golden view, every collector enabled, collectors timed by a clock that stands."""
+    registry = build_registry(golden_view(), None, str(PROC), FixedPlatform(), clock=lambda: 0.0)
+    return generate_text(registry)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exporter.tests.golden", description=__doc__)
+    parser.add_argument("--update", action="store_true", help=f"write {GOLDEN.name} (else print the exposition)")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.update:
+        GOLDEN.write_bytes(text)
+        print(f"wrote {GOLDEN}")
+    else:
+        sys.stdout.buffer.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,260 @@
+"""The exporter's wiring: its flags, and an App that builds, starts, reloads and stops it.
+
+App.build() checks everything a command line can get wrong (the configuration, the listen addresses, the web
+config) and refuses it with ConfigError before anything runs. start() opens the listeners and starts the probes;
+serve() answers HTTP; reload() reads the configuration file again (SIGHUP); stop() ends it all. main() is the
+process around it: logging, the allocator, and the signal loop. Tests drive an App in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from types import FrameType
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+
+from . import __version__, capabilities, units
+from .collectors import VolprobeCollector, add_flags, enabled_from_args
+from .command import add_path_flags, host_from, report
+from .config import Config, ConfigError, from_paths, load
+from .logs import LOG_FORMATS, setup_logging
+from .runtime import Exporter
+from .server import ExporterHTTPServer, landing_page, parse_listen_address
+from .view import RuntimeView
+from .webconfig import WebConfigWatcher
+
+log = logging.getLogger("volprobe")
+DEFAULT_LISTEN = ":10130"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The exporter's flags (the tools have their own: volprobe.tools)."""
+    parser = argparse.ArgumentParser(
+        prog="volprobe",
+        description="Prometheus exporter: queue-depth-1 direct I/O probes of block volumes. "
+        "Subcommands: check-config, compare, devices, ping, warmup (volprobe SUBCOMMAND --help).",
+    )
+    parser.add_argument("--config", help="YAML configuration file (default: probe every whole disk, read-only)")
+    parser.add_argument("--target", action="append", metavar="PATH", help="probe a device or directory (repeatable)")
+    parser.add_argument(
+        "--web.listen-address",
+        dest="listen",
+        action="append",
+        help=f"address to listen on (repeatable: one server on each; default {DEFAULT_LISTEN})",
+    )
+    parser.add_argument(
+        "--web.telemetry-path", dest="telemetry_path", default="/metrics", help="path of the metrics (default /metrics)"
+    )
+    parser.add_argument("--web.config.file", dest="web_config", help="exporter-toolkit web config (TLS, basic auth)")
+    parser.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warn", "error"])
+    parser.add_argument("--log.format", dest="log_format", default="logfmt", choices=sorted(LOG_FORMATS))
+    parser.add_argument("--version", action="version", version=f"volprobe {__version__}")
+    add_path_flags(parser)
+    add_flags(parser)
+    return parser
+
+
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives each thread that allocates its own malloc arena; with a thread per probe that is most of
+    the exporter's memory. Two arenas serve a few dozen mostly idle threads just as well."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-8, arenas)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
+def build_registry(
+    view: RuntimeView,
+    enabled: Iterable[str] | None,
+    procfs: str = "/proc",
+    platform: object | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> CollectorRegistry:
+    """What /metrics exposes: the enabled collectors over `view`, then prometheus_client's process_* (from
+    `procfs`) and python_info (of `platform`, the running interpreter's by default). `clock` times the
+    collectors."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(VolprobeCollector(view, enabled, clock))
+    ProcessCollector(registry=registry, proc=procfs)
+    PlatformCollector(registry=registry, platform=platform)
+    return registry
+
+
+class ListenError(Exception):
+    """An address could not be listened on (in use, not local): the exporter exits 1."""
+
+
+def _load_config(args: argparse.Namespace) -> Config:
+    if args.config and args.target:
+        raise ConfigError(["--config and --target: give one or the other"])
+    if args.config:
+        return load(args.config)
+    return from_paths(args.target or [])
+
+
+class App:
+    """One exporter: its probes (Exporter), its registry and its HTTP servers, from parsed flags."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        exporter: Exporter,
+        web: WebConfigWatcher,
+        addresses: list[tuple[str, tuple[str, int]]],
+    ) -> None:
+        self.args = args
+        self.exporter = exporter
+        self.web = web
+        self.addresses = addresses  # (as given, parsed)
+        self.registry = build_registry(exporter, enabled_from_args(args), args.procfs)
+        self.servers: list[ExporterHTTPServer] = []
+
+    @classmethod
+    def build(cls, args: argparse.Namespace) -> App:
+        """Everything the flags name, checked: ConfigError (exit 2) if anything is refused. Nothing runs yet."""
+        if not args.telemetry_path.startswith("/") or args.telemetry_path.startswith(("/-/", "//")):
+            raise ConfigError([f"--web.telemetry-path: {args.telemetry_path!r} must start with / (not /-/)"])
+        listen = args.listen or [DEFAULT_LISTEN]
+        config = _load_config(args)
+        try:
+            addresses = [(text, parse_listen_address(text)) for text in listen]
+        except ValueError as err:
+            raise ConfigError([f"--web.listen-address: {err}"]) from None
+        web = WebConfigWatcher(args.web_config)
+        return cls(args, Exporter(config, host_from(args), web), web, addresses)
+
+    def start(self) -> None:
+        """Open every listener, then start the probes: ListenError or ConfigError, and nothing left open."""
+        for text, address in self.addresses:
+            try:
+                self.servers.append(
+                    ExporterHTTPServer(address, self.registry, self.web, self.landing, self.args.telemetry_path)
+                )
+            except OSError as err:
+                self._close_servers()
+                raise ListenError(f"cannot listen on {text}: {err.strerror or err}") from None
+        try:
+            self.exporter.start()
+        except ConfigError:
+            self._close_servers()
+            raise
+        capabilities.check_idle_io_priority(self.exporter.found)  # logged and exported now, not first at a warm-up
+        if not self.exporter.probes.running() and self.exporter.config.discovery is None:
+            log.warning("no targets: nothing to probe (give --config or --target)")
+
+    def serve(self) -> None:
+        """Answer HTTP on every listener, each in its own thread."""
+        for server in self.servers:
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            server.ready.set()
+        listen = ", ".join(text for text, _ in self.addresses)
+        log.info("volprobe %s listening on %s (%d probes)", __version__, listen, len(self.exporter.probes.running()))
+
+    def landing(self) -> str:
+        resolved = self.exporter.probes.targets()
+        return landing_page(
+            [
+                (
+                    t.name,
+                    t.path,
+                    t.device.name,
+                    ", ".join(f"{p.op} {units.format_size(p.block_size)}" for p in t.probes),
+                )
+                for t in resolved
+            ],
+            self.args.telemetry_path,
+        )
+
+    def reload(self) -> None:
+        """SIGHUP: read the configuration again and apply it; a bad one is logged and the running one kept."""
+        path = self.args.config
+        if not path:
+            log.warning("SIGHUP: no --config file to reload (targets came from the command line or the default)")
+            return
+        log.info("SIGHUP: reloading %s", path)
+        try:
+            config = load(path)
+        except ConfigError as err:
+            self.exporter.note_reload(False)
+            log.error("configuration %s rejected, keeping the running one: %s", path, " | ".join(err.problems))
+            return
+        try:
+            self.exporter.reload(config)  # records its own outcome
+        except ConfigError as err:
+            log.error("configuration %s rejected, keeping the running one: %s", path, " | ".join(err.problems))
+        except Exception:  # a bug must not end the exporter: it keeps serving what it had
+            self.exporter.note_reload(False)
+            log.exception("reloading %s failed; the running configuration is kept", path)
+
+    def stop(self) -> list[str]:
+        """Stop the probes, then the servers; return the probes still stuck in the kernel."""
+        stuck = self.exporter.stop()
+        for server in self.servers:
+            server.shutdown()
+        self._close_servers()
+        return stuck
+
+    def _close_servers(self) -> None:
+        for server in self.servers:
+            server.server_close()
+        self.servers = []
+
+
+def run_until_signalled(app: App) -> None:
+    """Serve until SIGTERM or SIGINT; SIGHUP reloads. The handlers only queue the signal: the work is done
+    here, on the main thread, one request at a time."""
+    wake = threading.Event()
+    requests: collections.deque[str] = collections.deque()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        requests.append(signal.Signals(signum).name)
+        wake.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    app.serve()
+    while True:
+        wake.wait()
+        wake.clear()
+        # Popped one by one: a handler runs between any two bytecodes, and a copy-then-clear could drop a
+        # SIGTERM that arrived in between (the loop would then reload instead of stopping).
+        pending = [requests.popleft() for _ in range(len(requests))]
+        if not pending:  # drained by the previous turn, whose wake came after the clear
+            continue
+        stops = [name for name in pending if name != "SIGHUP"]
+        if stops:
+            log.info("received %s, shutting down", stops[0])
+            return
+        app.reload()
+
+
+def main(argv: Sequence[str]) -> int:
+    """`volprobe [FLAGS]`: the exporter, until SIGTERM. Exit 2 on a refused configuration, 1 if it cannot listen."""
+    args = parser().parse_args(argv)
+    setup_logging("warning" if args.log_level == "warn" else args.log_level, args.log_format)
+    limit_malloc_arenas()
+    try:
+        app = App.build(args)
+        app.start()
+    except ConfigError as err:
+        return report(err)
+    except ListenError as err:
+        log.error("%s", err)
+        return 1
+    # What start-up made lives as long as the process: the cyclic collector need not walk it on every full
+    # collection (these landed in the middle of scrapes, doubling their p99; bench/series).
+    gc.freeze()
+    run_until_signalled(app)
+    stuck = app.stop()
+    if stuck:
+        log.warning("probes still blocked in the kernel at exit: %s", ", ".join(stuck))
+    return 0
