@@ -137,15 +137,7 @@ def test_regeneration_is_one_command(tmp_path):
     config = tmp_path / "mixin.yml"
     config.write_text("dashboard_uid_prefix: acme\n")
     result = subprocess.run(
-        [
-            str(REPO / ".venv" / "bin" / "python"),
-            "-m",
-            "volprobe.mixin",
-            "--config",
-            str(config),
-            "--out",
-            str(tmp_path),
-        ],
+        [sys.executable, "-m", "volprobe.mixin", "--config", str(config), "--out", str(tmp_path)],
         capture_output=True,
         text=True,
     )
@@ -436,9 +428,11 @@ def test_a_mixin_value_of_the_wrong_type_exits_2_naming_the_key(tmp_path, text, 
 
 @pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
 def test_the_namespace_and_pvc_variables_narrow_the_targets(version, tmp_path):
-    """The dashboards' target selection (dashboards.SELECTED), on promtool over the recorded join: a namespace or
+    """The dashboards' target selection (Scope.selected_targets), on promtool over the recorded join: a namespace or
     a claim picked keeps only its targets; All (.*) keeps every target, a disk no claim is on too."""
-    from volprobe.mixin import dashboards
+    from volprobe.mixin.dashboards.variables import Scope
+
+    selected_targets = Scope.of(mixin.DEFAULTS).selected_targets
 
     def info(target: str, pv: str) -> str:
         labels = ",".join(f'{k}=""' for k in metrics.TARGET_INFO.labels if k not in ("target", "device", "pv"))
@@ -462,7 +456,7 @@ def test_the_namespace_and_pvc_variables_narrow_the_targets(version, tmp_path):
     tests = []
     for (namespace, pvc), targets in cases.items():
         values = {**SUBSTITUTIONS, "$namespace": namespace, "$pvc": pvc, "$instance": "node-1"}
-        expr = f"count by (target) ({substitute(dashboards.SELECTED, values)})"
+        expr = f"count by (target) ({substitute(selected_targets, values)})"
         samples = [{"labels": f'{{target="{t}"}}', "value": 1} for t in targets]
         tests.append({"expr": expr, "eval_time": "5m", "exp_samples": samples})
     document = {
