@@ -10,7 +10,7 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from ... import ops
 from .. import MixinConfig
-from ..rules import recorded
+from ..rules import daily_quantile
 from .panels import DS, LATENCY, Layout, legend, new_dashboard, query, series
 from .variables import Scope, cluster_variable, instance_variable, matchers, target_variable, with_variables
 
@@ -57,7 +57,7 @@ def build(c: MixinConfig) -> dashboard.Dashboard:
                 f"Daily {name}: baseline vs candidate",
                 "s",
                 [
-                    query(ref, f"max({recorded(name + '_daily')}{{{selectors[side]}}})", side)
+                    query(ref, f"max({daily_quantile(c, name)}{{{selectors[side]}}})", side)
                     for ref, side in zip("AB", SIDES, strict=True)
                 ],
                 width=8,
@@ -72,8 +72,8 @@ def build(c: MixinConfig) -> dashboard.Dashboard:
             [
                 query(
                     ref,
-                    f"max({recorded(name + '_daily')}{{{selectors['candidate']}}}) / "
-                    f"max({recorded(name + '_daily')}{{{selectors['baseline']}}})",
+                    f"max({daily_quantile(c, name)}{{{selectors['candidate']}}}) / "
+                    f"max({daily_quantile(c, name)}{{{selectors['baseline']}}})",
                     name,
                 )
                 for ref, name in zip("ABC", QUANTILES, strict=True)
