@@ -261,11 +261,23 @@ def test_each_renamed_rule_records_what_its_old_name_did(version, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# -- selector and cluster label: every rule honours them ------------------------------------------------------
+# -- selector and cluster label: every query honours them ------------------------------------------------------
 
 CUSTOM = {"selector": 'job="vp", env="prod"', "cluster_label": "tenant"}
 # A series selector: a name (volprobe's, or a recorded one with colons) and its matchers.
 SERIES = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)(\{[^{}]*\})?")
+
+
+def custom_dashboards() -> dict[str, dict]:
+    from volprobe.mixin import dashboards
+
+    return {name: json.loads(text) for name, text in dashboards.render_all(mixin.from_mapping(CUSTOM)).items()}
+
+
+def dashboard_queries(model: dict) -> list[str]:
+    """Every query of a dashboard: its panels' targets and its query variables."""
+    found = [target["expr"] for panel in panels(model) for target in panel.get("targets", [])]
+    return found + [v["query"] for v in model["templating"]["list"] if v["type"] == "query"]
 
 
 def series_selectors(expr: str) -> list[tuple[str, str]]:
@@ -275,6 +287,22 @@ def series_selectors(expr: str) -> list[tuple[str, str]]:
         for name, braces in SERIES.findall(expr)
         if name.startswith("volprobe_") or (":" in name and "volprobe_" in name)
     ]
+
+
+def test_every_dashboard_query_honours_the_selector_and_the_cluster_label():
+    """Rendered with another selector and cluster label: each volprobe series a query or a variable reads is
+    selected by the selector and, but for the cluster variable's own query, by the cluster label."""
+    for name, model in custom_dashboards().items():
+        for expr in dashboard_queries(model):
+            selectors = series_selectors(expr)
+            assert selectors, f"{name}: {expr}"
+            for series, braces in selectors:
+                assert braces.startswith("{" + CUSTOM["selector"]), f"{name}: {series} without the selector: {expr}"
+                # The cluster variables list the label's values; Migration's job spans both sides' clusters.
+                lists_clusters = expr.endswith(", tenant)") or (name == "volprobe-migration.json" and "job)" in expr)
+                if not lists_clusters:
+                    assert re.search(r'\btenant=~"\$(\w+_)?cluster"', braces), f"{name}: {expr}"
+            assert not re.search(r"(?<![\w$])cluster\b(?!\w)", expr.replace("$cluster", "")), f"{name}: {expr}"
 
 
 def test_every_rule_honours_the_selector_and_the_cluster_label():

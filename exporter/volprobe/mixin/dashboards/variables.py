@@ -34,7 +34,7 @@ class Scope:
 
     @classmethod
     def of(cls, c: MixinConfig) -> Scope:
-        return cls("", c.cluster_label)
+        return cls(c.selector, c.cluster_label)
 
     def hosts(self, cluster: str = "$cluster", instance: str = '=~"$instance"') -> str:
         """The selector, the cluster (a regex: its All is .*), the job, and the instance matched as given."""
