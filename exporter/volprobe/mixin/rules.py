@@ -75,9 +75,9 @@ def disk_bytes_rate(c: MixinConfig) -> str:
 
 
 def renamed(c: MixinConfig) -> dict[str, str]:
-    """Each name the previous release recorded -> the name it has now. The old names are a public contract:
-    the deprecated groups (deprecated_rules) record them for one more release."""
-    old = f"target_op:{LATENCY.name}"
+    """Each name 0.1.0 recorded that was renamed -> its name now. The old names are a public contract, written
+    out as they were: the deprecated groups (deprecated_rules) record them for one more release."""
+    old = "target_op:volprobe_probe_latency_seconds"
     names = {f"{old}:{name}": quantile(c, name) for name, _ in QUANTILES}
     names[f"{old}:rate"] = probe_rate(c)
     names["device:volprobe_disk_ops:rate"] = disk_ops_rate(c)
@@ -91,7 +91,7 @@ def _seconds_text(value: str) -> str:
     return f"{units.parse_duration(value):g}"
 
 
-def _renamed(expr: str, renames: tuple[tuple[str, str], ...]) -> str:
+def _labels_copied(expr: str, renames: tuple[tuple[str, str], ...]) -> str:
     """expr with each (new, old) label copied to its new name, by label_replace."""
     for new, old in renames:
         expr = f'label_replace({expr}, "{new}", "$1", "{old}", "(.+)")'
@@ -105,11 +105,11 @@ def target_pvc_rule(c: MixinConfig) -> dict[str, Any]:
     exporter's and of kube-state-metrics' own pods, the instance of a kube-state-metrics replica), so the
     claim's namespace is the one recorded and two replicas of kube-state-metrics give one match, not two."""
     ksm, cluster = c.kube_state_metrics_selector, c.cluster_label
-    claims = _renamed(
+    claims = _labels_copied(
         f"max by ({cluster}, persistentvolume, claim_namespace, name) (kube_persistentvolume_claim_ref{{{ksm}}})",
         (("pv", "persistentvolume"), ("namespace", "claim_namespace"), ("persistentvolumeclaim", "name")),
     )
-    classes = _renamed(
+    classes = _labels_copied(
         f"max by ({cluster}, persistentvolume, storageclass) (kube_persistentvolume_info{{{ksm}}})",
         (("pv", "persistentvolume"),),
     )
