@@ -344,7 +344,7 @@ PROSE = {"runbook.md"}
 
 
 def recorded_names() -> set[str]:
-    """What the generated rules record (target_op:volprobe_probe_latency_seconds:p99, ...)."""
+    """What the generated rules record (target_op:volprobe_probe_latency_seconds:p99_rate5m, ...)."""
     return {r["record"] for g in rules.document(mixin.DEFAULTS)["groups"] for r in g["rules"] if "record" in r}
 
 
