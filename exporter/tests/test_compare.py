@@ -27,7 +27,7 @@ import bcrypt
 import pytest
 
 from volprobe.mixin import MixinConfig
-from volprobe.mixin.rules import bucket_rate, long_window_rules, recorded, recording_rules
+from volprobe.mixin.rules import bucket_rate, daily_quantile, long_window_rules, recording_rules
 from volprobe.stats import DEFAULT_BUCKETS, RELATIVE_ERROR
 
 from .harness import MIB, REPO, Samples, run, volprobe_command
@@ -233,10 +233,11 @@ def test_the_migration_dashboard_and_the_report_agree(prometheus):
         rules[name] = expr.replace(f"{rates}[{config.daily_window}]", f"({rules[rates]})[{config.daily_window}:5m]")
     dashboard = json.loads((REPO / "dashboards" / "volprobe-migration.json").read_text())
     queries = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
-    for name, key in (("p50_daily", "p50"), ("p99_daily", "p99"), ("p999_daily", "p99.9")):
-        assert any(recorded(name) in q for q in queries), f"the Migration dashboard plots {recorded(name)}"
+    for quantile, key in (("p50", "p50"), ("p99", "p99"), ("p999", "p99.9")):
+        name = daily_quantile(config, quantile)
+        assert any(name in q for q in queries), f"the Migration dashboard plots {name}"
         for period in report["per_period"]:
-            found = prometheus.api("query", query=rules[recorded(name)], time=str(period["end"]))["result"]
+            found = prometheus.api("query", query=rules[name], time=str(period["end"]))["result"]
             daily = {item["metric"]["target"]: float(item["value"][1]) for item in found}
             for side, target in (("baseline", "aws"), ("candidate", "azure")):
                 low, high = period[key][side]["bucket"]

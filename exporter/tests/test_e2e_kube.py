@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from volprobe import mixin
-from volprobe.mixin import dashboards, rules
+from volprobe.mixin import rules
+from volprobe.mixin.dashboards.variables import Scope
 
 from .harness import MIB, PROMETHEUS_VERSIONS, run, write_config
 from .test_mixin import SUBSTITUTIONS, substitute
@@ -114,7 +115,7 @@ scrape_configs:
         # The dashboards' selection: the claim's namespace keeps the disk, another namespace does not.
         for namespace, expected in (("shop", [name]), ("billing", []), (".*", [name])):
             values = {**SUBSTITUTIONS, "$namespace": namespace, "$instance": f"127.0.0.1:{exporter.port}"}
-            picked = prometheus.query(substitute(dashboards.SELECTED, values))
+            picked = prometheus.query(substitute(Scope.of(mixin.DEFAULTS).selected_targets, values))
             assert sorted(s["metric"]["target"] for s in picked) == expected, namespace
     finally:
         run("umount", str(point))

@@ -15,7 +15,7 @@ from volprobe.config import ConfigError
 from volprobe.mixin import __main__ as generator
 from volprobe.mixin import rules
 
-from .harness import PROMETHEUS_VERSIONS, REPO, prometheus_tool
+from .harness import FIXTURES, PROMETHEUS_VERSIONS, REPO, prometheus_tool
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 RANGE_FUNCTIONS = re.compile(r"\b(rate|irate|increase|deriv|delta|changes)\(([^()]|\([^()]*\))*?\[([^\]]+)\]")
@@ -137,21 +137,187 @@ def test_regeneration_is_one_command(tmp_path):
     config = tmp_path / "mixin.yml"
     config.write_text("dashboard_uid_prefix: acme\n")
     result = subprocess.run(
-        [
-            str(REPO / ".venv" / "bin" / "python"),
-            "-m",
-            "volprobe.mixin",
-            "--config",
-            str(config),
-            "--out",
-            str(tmp_path),
-        ],
+        [sys.executable, "-m", "volprobe.mixin", "--config", str(config), "--out", str(tmp_path)],
         capture_output=True,
         text=True,
     )
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "dashboards" / "volprobe-volume.json").read_text())["uid"] == "acme-volume"
     assert (tmp_path / "alerts" / "volprobe-rules.yml").exists()
+
+
+# -- recorded names: a public contract, renamed with the old names kept for one release -----------------------
+
+PREVIOUS_RULES = FIXTURES / "volprobe-rules-0.1.0.yml"  # alerts/volprobe-rules.yml as 0.1.0 shipped it
+
+
+def records_by_group(document: dict) -> dict[str, dict[str, str]]:
+    """Group name -> {recorded name: expression}."""
+    return {g["name"]: {r["record"]: r["expr"] for r in g["rules"] if "record" in r} for g in document["groups"]}
+
+
+def test_every_name_the_previous_release_recorded_is_still_recorded():
+    """Users query the recorded names: each one 0.1.0 recorded is recorded still, either unchanged or, renamed,
+    as a copy of its new name in a deprecated group at its source's interval (README, "Renamed recording
+    rules")."""
+    previous = {
+        name for group in records_by_group(yaml.safe_load(PREVIOUS_RULES.read_text())).values() for name in group
+    }
+    assert len(previous) >= 10, "the fixture holds 0.1.0's rules"
+    document = rules.document(mixin.DEFAULTS)
+    groups = records_by_group(document)
+    intervals = {g["name"]: g.get("interval") for g in document["groups"]}
+    where = {name: group for group, records in groups.items() for name in records}
+    renamed = rules.renamed(mixin.DEFAULTS)
+    for name in sorted(previous):
+        assert name in where, f"{name}, recorded by 0.1.0, is no longer recorded"
+        if name in renamed:
+            new = renamed[name]
+            assert where[name].endswith(".deprecated") and groups[where[name]][name] == new, name
+            assert intervals[where[name]] == intervals[where[new]], f"{name} is copied at the interval of {new}"
+        else:
+            assert not where[name].endswith(".deprecated"), f"{name} kept its name: nothing to deprecate"
+    assert set(renamed) <= previous, "only names 0.1.0 recorded are deprecated"
+    deprecated = {name for group, records in groups.items() if group.endswith(".deprecated") for name in records}
+    assert deprecated == set(renamed)
+
+
+def test_the_readme_lists_each_renamed_recording_rule():
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("### Renamed recording rules", 1)[1].split("\n#", 1)[0]
+    rows = set(re.findall(r"^\| `([^`]+)` \| `([^`]+)` \|", table, re.MULTILINE))
+    assert rows == set(rules.renamed(mixin.DEFAULTS).items())
+
+
+def test_recorded_names_are_level_metric_operations_with_their_window():
+    """Prometheus's naming practice: level:metric:operations, the metric one volprobe exports (or, for the
+    disk's reads and writes summed, volprobe_disk_*), each rate and quantile with its window."""
+    c = mixin.DEFAULTS
+    families = (
+        {spec.name for spec in metrics.ALL} | metrics.series_names() | {"volprobe_disk_ops", "volprobe_disk_bytes"}
+    )
+    for group, records in records_by_group(rules.document(c)).items():
+        if group.endswith(".deprecated"):
+            continue
+        for name in records:
+            level, metric, operations = name.split(":")
+            assert level and metric in families, name
+            for operation in operations.split("_"):
+                assert operation == "join" or re.fullmatch(r"(rate|median|p\d+)(\d+[smhdw])?", operation), name
+                if operation.startswith("rate") or operation.startswith("median"):
+                    assert operation[-1] in "smhdw", f"{name}: {operation} names its window"
+
+
+def previous_rules_renamed(prefix: str) -> dict:
+    """0.1.0's recording rules, each recorded name (and each use of it) prefixed: to run beside today's."""
+    groups = [g for g in yaml.safe_load(PREVIOUS_RULES.read_text())["groups"] if g["name"] != "volprobe.alerts"]
+    names = sorted({r["record"] for g in groups for r in g["rules"]}, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w:])(" + "|".join(map(re.escape, names)) + r")(?![\w:])")
+    for group in groups:
+        group["name"] = prefix + group["name"]
+        for rule in group["rules"]:
+            rule["record"] = prefix + rule["record"]
+            rule["expr"] = pattern.sub(lambda m: prefix + m.group(1), rule["expr"])
+    return {"groups": groups}
+
+
+@pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
+def test_each_renamed_rule_records_what_its_old_name_did(version, tmp_path):
+    """On promtool, from a read and a write probe's buckets and a disk's counters, beside 0.1.0's own rules:
+    each new name records what its 0.1.0 name did, and the deprecated old name too, value for value."""
+    probe = 'job="volprobe",instance="host:10130",target="db",device="vdb"'
+    inputs = []
+    for op, per_minute in (("read", (30, 50, 60)), ("write", (0, 20, 60))):
+        for le, count in zip(("0.001", "0.01", "+Inf"), per_minute, strict=True):
+            inputs.append(
+                (f'volprobe_probe_latency_seconds_bucket{{{probe},op="{op}",touch="repeat",le="{le}"}}', count)
+            )
+        inputs.append((f'volprobe_probe_latency_seconds_count{{{probe},op="{op}",touch="repeat"}}', per_minute[-1]))
+    for name in ("reads_completed_total", "writes_completed_total", "read_bytes_total", "written_bytes_total"):
+        inputs.append((f'volprobe_disk_{name}{{job="volprobe",instance="host:10130",device="vdb"}}', 600))
+    previous = tmp_path / "previous-rules.yml"
+    previous.write_text(yaml.safe_dump(previous_rules_renamed("v0_1_0_")))
+    tests = []
+    for old, new in rules.renamed(mixin.DEFAULTS).items():
+        count = 1 if new.startswith("device:") else 2  # a disk; a read and a write probe
+        for expr in (f"count({new})", f"count({new} == v0_1_0_{old})", f"count({old} == v0_1_0_{old})"):
+            tests.append({"expr": expr, "eval_time": "30m", "exp_samples": [{"labels": "{}", "value": count}]})
+    document = {
+        "rule_files": [str(REPO / "alerts" / "volprobe-rules.yml"), str(previous)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": f"0+{per_minute}x40"} for s, per_minute in inputs],
+                "promql_expr_test": tests,
+            }
+        ],
+    }
+    path = tmp_path / "renamed_test.yml"
+    path.write_text(yaml.safe_dump(document))
+    result = subprocess.run(
+        [prometheus_tool("promtool", version), "test", "rules", str(path)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- selector and cluster label: every query honours them ------------------------------------------------------
+
+CUSTOM = {"selector": 'job="vp", env="prod"', "cluster_label": "tenant"}
+# A series selector: a name (volprobe's, or a recorded one with colons) and its matchers.
+SERIES = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)(\{[^{}]*\})?")
+
+
+def custom_dashboards() -> dict[str, dict]:
+    from volprobe.mixin import dashboards
+
+    return {name: json.loads(text) for name, text in dashboards.render_all(mixin.from_mapping(CUSTOM)).items()}
+
+
+def dashboard_queries(model: dict) -> list[str]:
+    """Every query of a dashboard: its panels' targets and its query variables."""
+    found = [target["expr"] for panel in panels(model) for target in panel.get("targets", [])]
+    return found + [v["query"] for v in model["templating"]["list"] if v["type"] == "query"]
+
+
+def series_selectors(expr: str) -> list[tuple[str, str]]:
+    """(name, matchers) of each volprobe series an expression reads, raw or recorded."""
+    return [
+        (name, braces)
+        for name, braces in SERIES.findall(expr)
+        if name.startswith("volprobe_") or (":" in name and "volprobe_" in name)
+    ]
+
+
+def test_every_dashboard_query_honours_the_selector_and_the_cluster_label():
+    """Rendered with another selector and cluster label: each volprobe series a query or a variable reads is
+    selected by the selector and, but for the cluster variable's own query, by the cluster label."""
+    for name, model in custom_dashboards().items():
+        for expr in dashboard_queries(model):
+            selectors = series_selectors(expr)
+            assert selectors, f"{name}: {expr}"
+            for series, braces in selectors:
+                assert braces.startswith("{" + CUSTOM["selector"]), f"{name}: {series} without the selector: {expr}"
+                # The cluster variables list the label's values; Migration's job spans both sides' clusters.
+                lists_clusters = expr.endswith(", tenant)") or (name == "volprobe-migration.json" and "job)" in expr)
+                if not lists_clusters:
+                    assert re.search(r'\btenant=~"\$(\w+_)?cluster"', braces), f"{name}: {expr}"
+            assert not re.search(r"(?<![\w$])cluster\b(?!\w)", expr.replace("$cluster", "")), f"{name}: {expr}"
+
+
+def test_every_rule_honours_the_selector_and_the_cluster_label():
+    document = rules.document(mixin.from_mapping(CUSTOM))
+    for group in document["groups"]:
+        for rule in group["rules"]:
+            expr = rule["expr"]
+            assert not re.search(r"\bcluster\b", expr), expr
+            if re.search(r"\b(by|on) \(", expr) and "kube_" not in expr.split("\n", 1)[0]:
+                assert re.search(r"\b(by|on) \(tenant, ", expr), expr
+            if group["name"].endswith(".deprecated"):
+                continue  # a copy of a recorded series, which the selector chose when it was recorded
+            for series, braces in series_selectors(expr):
+                if ":" not in series or "alert" in rule:  # raw series, and every series an alert reads
+                    assert CUSTOM["selector"] in braces, f"{series} without the selector: {expr}"
 
 
 # -- metric names: every volprobe_* name in the committed files is declared in volprobe/metrics.py ---------------
@@ -178,7 +344,7 @@ PROSE = {"runbook.md"}
 
 
 def recorded_names() -> set[str]:
-    """What the generated rules record (target_op:volprobe_probe_latency_seconds:p99, ...)."""
+    """What the generated rules record (target_op:volprobe_probe_latency_seconds:p99_rate5m, ...)."""
     return {r["record"] for g in rules.document(mixin.DEFAULTS)["groups"] for r in g["rules"] if "record" in r}
 
 
@@ -436,9 +602,11 @@ def test_a_mixin_value_of_the_wrong_type_exits_2_naming_the_key(tmp_path, text, 
 
 @pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
 def test_the_namespace_and_pvc_variables_narrow_the_targets(version, tmp_path):
-    """The dashboards' target selection (dashboards.SELECTED), on promtool over the recorded join: a namespace or
+    """The dashboards' target selection (Scope.selected_targets), on promtool over the recorded join: a namespace or
     a claim picked keeps only its targets; All (.*) keeps every target, a disk no claim is on too."""
-    from volprobe.mixin import dashboards
+    from volprobe.mixin.dashboards.variables import Scope
+
+    selected_targets = Scope.of(mixin.DEFAULTS).selected_targets
 
     def info(target: str, pv: str) -> str:
         labels = ",".join(f'{k}=""' for k in metrics.TARGET_INFO.labels if k not in ("target", "device", "pv"))
@@ -462,7 +630,7 @@ def test_the_namespace_and_pvc_variables_narrow_the_targets(version, tmp_path):
     tests = []
     for (namespace, pvc), targets in cases.items():
         values = {**SUBSTITUTIONS, "$namespace": namespace, "$pvc": pvc, "$instance": "node-1"}
-        expr = f"count by (target) ({substitute(dashboards.SELECTED, values)})"
+        expr = f"count by (target) ({substitute(selected_targets, values)})"
         samples = [{"labels": f'{{target="{t}"}}', "value": 1} for t in targets]
         tests.append({"expr": expr, "eval_time": "5m", "exp_samples": samples})
     document = {

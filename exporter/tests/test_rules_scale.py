@@ -52,7 +52,7 @@ scrape_configs:
     while time.monotonic() < deadline:
         time.sleep(2)
         found = {g["name"]: g for g in prometheus.api("rules")["groups"]}
-        quantiles = prometheus.query(f"count({rules.recorded('p99_daily')})")
+        quantiles = prometheus.query(f"count({rules.daily_quantile(settings, 'p99')})")
         if (
             quantiles
             and int(float(quantiles[0]["value"][1])) == 2 * VOLUMES
@@ -64,7 +64,7 @@ scrape_configs:
     series = int(float(prometheus.query("count({__name__=~'volprobe_.+'})")[0]["value"][1]))
     assert series >= VOLUMES * 120, series  # about 131 series per volume with a read and a write probe
     for name, group in groups.items():
-        interval = LONG_INTERVAL_S if name == "volprobe.rules.long" else INTERVAL_S
+        interval = LONG_INTERVAL_S if name.startswith(rules.LONG) else INTERVAL_S
         assert group["interval"] == interval
         print(f"{name}: {group['evaluationTime'] * 1e3:.1f} ms every {interval} s, {len(group['rules'])} rules")
         assert group["evaluationTime"] < interval / 10, (name, group["evaluationTime"])

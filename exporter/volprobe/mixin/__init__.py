@@ -21,8 +21,12 @@ from ..config import ConfigError
 
 @dataclass(frozen=True)
 class MixinConfig:
-    # Which series are volprobe's.
+    # Which series are volprobe's: label matchers that every rule and dashboard query starts with. Name labels
+    # the recorded series keep (job, instance, the cluster label): the rules read their own records with it.
     selector: str = 'job="volprobe"'
+    # The label that tells clusters apart (kubernetes-mixin's clusterLabel), where Prometheus adds one (an
+    # external or target label): every sum and join keeps it, and the dashboards' cluster variable picks it.
+    cluster_label: str = "cluster"
     # Which series are kube-state-metrics' (2.x): its PersistentVolume series name each target's PVC (rules.py).
     kube_state_metrics_selector: str = 'job="kube-state-metrics"'
     # Window of the rate() in recording rules (the "5m" quantiles) and of rate/increase in the alerts.

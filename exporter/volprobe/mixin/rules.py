@@ -14,15 +14,13 @@ from . import MixinConfig
 LATENCY = metrics.PROBE_LATENCY
 READS, WRITES = metrics.DISK_READS.spec, metrics.DISK_WRITES.spec
 READ_BYTES, WRITTEN_BYTES = metrics.DISK_READ_BYTES.spec, metrics.DISK_WRITTEN_BYTES.spec
-# Recorded per-device I/O rates (reads + writes): names of our own, not of one exported family.
-DISK_OPS_RATE = "device:volprobe_disk_ops:rate"
-DISK_BYTES_RATE = "device:volprobe_disk_bytes:rate"
-# cluster: kept where Prometheus adds one (where it does not, it is empty on every side and changes nothing).
-# Every join and sum names it: node names repeat across clusters (instance is the node on Kubernetes).
-BY_PROBE = "cluster, job, instance, target, device, op"
-BY_TARGET = "cluster, job, instance, target, device"
-BY_DEVICE = "cluster, job, instance, device"
-BY_INSTANCE = "cluster, job, instance"
+# The labels of each level, after the cluster label (MixinConfig.cluster_label, by()). The cluster label is kept
+# where Prometheus adds one (where it does not, it is empty on every side and changes nothing). Every join and
+# sum names it: node names repeat across clusters (instance is the node on Kubernetes).
+PROBE = "job, instance, target, device, op"
+TARGET = "job, instance, target, device"
+DEVICE = "job, instance, device"
+INSTANCE = "job, instance"
 # Each target's PersistentVolumeClaim, namespace and StorageClass, from kube-state-metrics: level (the labels it
 # is keyed by: a target, with its PVC's), the series it is built from, and the operation (a join), as
 # kubernetes-mixin names namespace_workload_pod:kube_pod_owner:relabel.
@@ -30,22 +28,70 @@ TARGET_PVC = f"target_pvc:{metrics.TARGET_INFO.name}:join"
 QUANTILES = (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
 
 
-def recorded(name: str) -> str:
-    """Names of the recorded latency series, e.g. target_op:volprobe_probe_latency_seconds:p99."""
-    return f"target_op:{LATENCY.name}:{name}"
+def by(c: MixinConfig, labels: str) -> str:
+    """A `by` or `on` list: the cluster label, then labels."""
+    return f"{c.cluster_label}, {labels}"
+
+
+# Recorded names are level:metric:operations (Prometheus's naming practice, as kubernetes-mixin names its
+# rules): the labels kept, the metric, then what was applied to it, newest first, each window in its operation.
+
+
+def bucket_rate(c: MixinConfig) -> str:
+    """The per-probe bucket rates every latency quantile is built from: target_op_le:..._bucket:rate5m."""
+    return f"target_op_le:{LATENCY.bucket}:rate{c.rate_window}"
+
+
+def quantile(c: MixinConfig, name: str) -> str:
+    """A latency quantile (p50, p99, p999) over rate_window: target_op:volprobe_probe_latency_seconds:p99_rate5m."""
+    return f"target_op:{LATENCY.name}:{name}_rate{c.rate_window}"
+
+
+def daily_quantile(c: MixinConfig, name: str) -> str:
+    """A latency quantile over daily_window, from the day's average of the recorded bucket rates (a rate over
+    the day): target_op:volprobe_probe_latency_seconds:p99_rate1d."""
+    return f"target_op:{LATENCY.name}:{name}_rate{c.daily_window}"
+
+
+def baseline(c: MixinConfig) -> str:
+    """The regression baseline, the median over baseline_window of the p99 over rate_window:
+    target_op:volprobe_probe_latency_seconds:median7d_p99_rate5m."""
+    return f"target_op:{LATENCY.name}:median{c.baseline_window}_p99_rate{c.rate_window}"
+
+
+def probe_rate(c: MixinConfig) -> str:
+    """Probes completed per second: target_op:volprobe_probe_latency_seconds_count:rate5m."""
+    return f"target_op:{LATENCY.count}:rate{c.rate_window}"
+
+
+def disk_ops_rate(c: MixinConfig) -> str:
+    """A device's reads and writes per second (all its I/O, from diskstats): device:volprobe_disk_ops:rate5m."""
+    return f"device:volprobe_disk_ops:rate{c.rate_window}"
+
+
+def disk_bytes_rate(c: MixinConfig) -> str:
+    """A device's bytes read and written per second: device:volprobe_disk_bytes:rate5m."""
+    return f"device:volprobe_disk_bytes:rate{c.rate_window}"
+
+
+def renamed(c: MixinConfig) -> dict[str, str]:
+    """Each name 0.1.0 recorded that was renamed -> its name now. The old names are a public contract, written
+    out as they were: the deprecated groups (deprecated_rules) record them for one more release."""
+    old = "target_op:volprobe_probe_latency_seconds"
+    names = {f"{old}:{name}": quantile(c, name) for name, _ in QUANTILES}
+    names[f"{old}:rate"] = probe_rate(c)
+    names["device:volprobe_disk_ops:rate"] = disk_ops_rate(c)
+    names["device:volprobe_disk_bytes:rate"] = disk_bytes_rate(c)
+    names.update({f"{old}:{name}_daily": daily_quantile(c, name) for name, _ in QUANTILES})
+    names[f"{old}:p99_baseline"] = baseline(c)
+    return names
 
 
 def _seconds_text(value: str) -> str:
     return f"{units.parse_duration(value):g}"
 
 
-def bucket_rate(c: MixinConfig) -> str:
-    """The recorded per-probe bucket rates every latency quantile is built from, named with their window as
-    kubernetes-mixin names its recorded rates (level:metric:operation)."""
-    return f"target_op_le:{LATENCY.bucket}:rate{c.rate_window}"
-
-
-def _renamed(expr: str, renames: tuple[tuple[str, str], ...]) -> str:
+def _labels_copied(expr: str, renames: tuple[tuple[str, str], ...]) -> str:
     """expr with each (new, old) label copied to its new name, by label_replace."""
     for new, old in renames:
         expr = f'label_replace({expr}, "{new}", "$1", "{old}", "(.+)")'
@@ -58,21 +104,21 @@ def target_pvc_rule(c: MixinConfig) -> dict[str, Any]:
     PV. Each side is aggregated first: that drops the labels a scrape adds (the namespace and pod of the
     exporter's and of kube-state-metrics' own pods, the instance of a kube-state-metrics replica), so the
     claim's namespace is the one recorded and two replicas of kube-state-metrics give one match, not two."""
-    ksm = c.kube_state_metrics_selector
-    claims = _renamed(
-        f"max by (cluster, persistentvolume, claim_namespace, name) (kube_persistentvolume_claim_ref{{{ksm}}})",
+    ksm, cluster = c.kube_state_metrics_selector, c.cluster_label
+    claims = _labels_copied(
+        f"max by ({cluster}, persistentvolume, claim_namespace, name) (kube_persistentvolume_claim_ref{{{ksm}}})",
         (("pv", "persistentvolume"), ("namespace", "claim_namespace"), ("persistentvolumeclaim", "name")),
     )
-    classes = _renamed(
-        f"max by (cluster, persistentvolume, storageclass) (kube_persistentvolume_info{{{ksm}}})",
+    classes = _labels_copied(
+        f"max by ({cluster}, persistentvolume, storageclass) (kube_persistentvolume_info{{{ksm}}})",
         (("pv", "persistentvolume"),),
     )
     return {
         "record": TARGET_PVC,
         "expr": (
-            f'max by ({BY_TARGET}, pv) ({metrics.TARGET_INFO.name}{{{c.selector}, pv!=""}})\n'
-            f"* on (cluster, pv) group_left (namespace, persistentvolumeclaim)\n  {claims}\n"
-            f"* on (cluster, pv) group_left (storageclass)\n  {classes}"
+            f'max by ({by(c, TARGET)}, pv) ({metrics.TARGET_INFO.name}{{{c.selector}, pv!=""}})\n'
+            f"* on ({cluster}, pv) group_left (namespace, persistentvolumeclaim)\n  {claims}\n"
+            f"* on ({cluster}, pv) group_left (storageclass)\n  {classes}"
         ),
     }
 
@@ -83,23 +129,26 @@ def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
     rules: list[dict[str, Any]] = [
         {
             "record": rates,
-            "expr": f"sum by ({BY_PROBE}, le) (rate({LATENCY.bucket}{{{c.selector}}}[{c.rate_window}]))",
+            "expr": f"sum by ({by(c, PROBE)}, le) (rate({LATENCY.bucket}{{{c.selector}}}[{c.rate_window}]))",
         }
     ]
     for name, q in QUANTILES:
-        rules.append({"record": recorded(name), "expr": f"histogram_quantile({q}, {rates})"})
+        rules.append({"record": quantile(c, name), "expr": f"histogram_quantile({q}, {rates})"})
     rules.append(
         {
-            "record": recorded("rate"),
-            "expr": f"sum by ({BY_PROBE}) (rate({LATENCY.count}{{{c.selector}}}[{c.rate_window}]))",
+            "record": probe_rate(c),
+            "expr": f"sum by ({by(c, PROBE)}) (rate({LATENCY.count}{{{c.selector}}}[{c.rate_window}]))",
         }
     )
-    for record, read, write in ((DISK_OPS_RATE, READS, WRITES), (DISK_BYTES_RATE, READ_BYTES, WRITTEN_BYTES)):
+    for record, read, write in (
+        (disk_ops_rate(c), READS, WRITES),
+        (disk_bytes_rate(c), READ_BYTES, WRITTEN_BYTES),
+    ):
         rules.append(
             {
                 "record": record,
                 "expr": (
-                    f"sum by ({BY_DEVICE}) (rate({read.total}{{{c.selector}}}[{c.rate_window}])"
+                    f"sum by ({by(c, DEVICE)}) (rate({read.total}{{{c.selector}}}[{c.rate_window}])"
                     f" + rate({write.total}{{{c.selector}}}[{c.rate_window}]))"
                 ),
             }
@@ -116,20 +165,22 @@ def long_window_rules(c: MixinConfig) -> list[dict[str, Any]]:
     for name, q in QUANTILES:
         rules.append(
             {
-                "record": recorded(f"{name}_daily"),
+                "record": daily_quantile(c, name),
                 "expr": f"histogram_quantile({q}, avg_over_time({bucket_rate(c)}[{c.daily_window}]))",
             }
         )
     rules.append(
         {
-            "record": recorded("p99_baseline"),
-            "expr": f"quantile_over_time(0.5, {recorded('p99')}[{c.baseline_window}])",
+            "record": baseline(c),
+            "expr": f"quantile_over_time(0.5, {quantile(c, 'p99')}[{c.baseline_window}])",
         }
     )
     return rules
 
 
-def _alert(c: MixinConfig, name: str, expr: str, duration: str, severity: str, summary: str, description: str):
+def _alert(
+    c: MixinConfig, name: str, expr: str, duration: str, severity: str, summary: str, description: str
+) -> dict[str, Any]:
     return {
         "alert": name,
         "expr": expr,
@@ -162,7 +213,7 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             c,
             "VolprobeLatencyHigh",
             "\nor ".join(
-                f'{recorded("p99")}{{{sel}, op="{op}"}} > {_seconds_text(objective)}' for op, objective in objectives
+                f'{quantile(c, "p99")}{{{sel}, op="{op}"}} > {_seconds_text(objective)}' for op, objective in objectives
             ),
             c.latency_objective_for,
             "warning",
@@ -171,13 +222,13 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             f"the last {c.rate_window}, above the {shown} objective.",
         )
     )
-    factor, increase = c.regression_factor, _seconds_text(c.regression_min_increase)
+    factor, increase, p99 = c.regression_factor, _seconds_text(c.regression_min_increase), quantile(c, "p99")
     rules.append(
         _alert(
             c,
             "VolprobeLatencyRegression",
-            f"{recorded('p99')}{{{sel}}} > {factor:g} * {recorded('p99_baseline')}{{{sel}}}\n"
-            f"and {recorded('p99')}{{{sel}}} - {recorded('p99_baseline')}{{{sel}}} > {increase}",
+            f"{p99}{{{sel}}} > {factor:g} * {baseline(c)}{{{sel}}}\n"
+            f"and {p99}{{{sel}}} - {baseline(c)}{{{sel}}} > {increase}",
             c.regression_for,
             "warning",
             "Volume latency regressed against its own baseline.",
@@ -190,7 +241,7 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
     # NVMe statistics). `source!="provider"` also matches exporters older than the source label.
     active = metrics.THROTTLE_ACTIVE.name
     plateau = " or\n".join(
-        f"({metric}{{{sel}}}\n  * on ({BY_DEVICE}, dir) group_left (limit, source)\n"
+        f"({metric}{{{sel}}}\n  * on ({by(c, DEVICE)}, dir) group_left (limit, source)\n"
         f'  ({active}{{{sel}, limit="{limit}", source!="provider"}} == 1))'
         for limit, metric in (
             ("iops", metrics.THROTTLE_CEILING_OPS.name),
@@ -217,11 +268,11 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         )
     )
     near = " or\n".join(
-        f"label_replace(\n  {recorded_rate}{{{sel}}}\n  / on ({BY_DEVICE})\n  max by ({BY_DEVICE}) "
+        f"label_replace(\n  {recorded_rate}{{{sel}}}\n  / on ({by(c, DEVICE)})\n  max by ({by(c, DEVICE)}) "
         f'({metric}{{{sel}}})\n  > {c.limit_ratio:g},\n  "limit", "{limit}", "", "")'
         for limit, recorded_rate, metric in (
-            ("iops", DISK_OPS_RATE, metrics.LIMIT_OPS.name),
-            ("bandwidth", DISK_BYTES_RATE, metrics.LIMIT_BYTES.name),
+            ("iops", disk_ops_rate(c), metrics.LIMIT_OPS.name),
+            ("bandwidth", disk_bytes_rate(c), metrics.LIMIT_BYTES.name),
         )
     )
     rules.append(
@@ -254,7 +305,7 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             "VolprobeProbeErrors",
             # The failures counter exists at 0 from a probe's start, so the very first failure is an increase
             # (an errno series would appear at 1, which increase() cannot see).
-            f"sum by ({BY_PROBE}) (increase({metrics.PROBE_FAILURES.total}{{{sel}}}[{c.rate_window}])) > 0",
+            f"sum by ({by(c, PROBE)}) (increase({metrics.PROBE_FAILURES.total}{{{sel}}}[{c.rate_window}])) > 0",
             c.errors_for,
             "warning",
             "Probes of a volume fail.",
@@ -266,11 +317,11 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeProbesMissing",
-            f"sum by ({BY_PROBE}) (increase({LATENCY.count}{{{sel}}}[{c.missing_window}])) == 0\n"
-            f"and on ({BY_INSTANCE}) up{{{sel}}} == 1\n"
+            f"sum by ({by(c, PROBE)}) (increase({LATENCY.count}{{{sel}}}[{c.missing_window}])) == 0\n"
+            f"and on ({by(c, INSTANCE)}) up{{{sel}}} == 1\n"
             # only probes that already existed a whole window ago: a fresh start is not "missing"
-            f"and on ({BY_PROBE})\n"
-            f"  sum by ({BY_PROBE}) ({LATENCY.count}{{{sel}}} offset {c.missing_window})",
+            f"and on ({by(c, PROBE)})\n"
+            f"  sum by ({by(c, PROBE)}) ({LATENCY.count}{{{sel}}} offset {c.missing_window})",
             c.missing_for,
             "warning",
             "The exporter is up but a probe produced no sample.",
@@ -322,13 +373,13 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
     # fails at once (a restart every 60 s, the back-off's cap) or only when its work comes round (a probe with a
     # long interval, a rescan after a udev event); a single crash resolves an hour later. Every thread's series
     # is at 0 from the start, so the first crash is an increase; volprobe's own restart (a reset to 0) is not.
-    # Summed by thread as the other alerts sum: it carries cluster, job, instance and thread, not what else a
+    # Summed by thread as the other alerts sum: it carries the cluster label, job, instance and thread, not what else a
     # scrape adds (a pod's name).
     rules.append(
         _alert(
             c,
             "VolprobeThreadRestarting",
-            f"sum by ({BY_INSTANCE}, thread) "
+            f"sum by ({by(c, INSTANCE)}, thread) "
             f"(increase({metrics.THREAD_RESTARTS.total}{{{sel}}}[{c.thread_restart_window}])) > 0",
             c.thread_restart_for,
             "warning",
@@ -346,8 +397,8 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             c,
             "VolprobeWarmupStalled",
             f'{metrics.WARMUP_STATE.name}{{{sel}, state="running"}} == 1\n'
-            f"and on ({BY_TARGET}) changes({done}{{{sel}}}[{c.warmup_stall_window}]) == 0\n"
-            f"and on ({BY_TARGET}) {done}{{{sel}}} offset {c.warmup_stall_window}",
+            f"and on ({by(c, TARGET)}) changes({done}{{{sel}}}[{c.warmup_stall_window}]) == 0\n"
+            f"and on ({by(c, TARGET)}) {done}{{{sel}}} offset {c.warmup_stall_window}",
             c.warmup_stall_for,
             "warning",
             "A volume warm-up makes no progress.",
@@ -368,15 +419,30 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
     return rules
 
 
+def deprecated_rules(c: MixinConfig, group: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The previous release's name of each rule of `group` that was renamed, recorded from the new name: a
+    copy, at most one evaluation behind. Deprecated: removed in the next release (README, "Renamed recording
+    rules")."""
+    new_names = {rule["record"] for rule in group if "record" in rule}
+    return [{"record": old, "expr": new} for old, new in renamed(c).items() if new in new_names]
+
+
+LONG = "volprobe.rules.long"
+
+
 def document(c: MixinConfig) -> dict[str, Any]:
+    short, long = recording_rules(c), long_window_rules(c)
     groups: list[dict[str, Any]] = [
-        {"name": "volprobe.rules", "rules": recording_rules(c)},
-        {"name": "volprobe.rules.long", "interval": c.long_interval, "rules": long_window_rules(c)},
+        {"name": "volprobe.rules", "rules": short},
+        {"name": LONG, "interval": c.long_interval, "rules": long},
         {"name": "volprobe.alerts", "rules": alerting_rules(c)},
+        # Each after its source group, at its interval: promtool evaluates the groups in this order.
+        {"name": "volprobe.rules.deprecated", "rules": deprecated_rules(c, short)},
+        {"name": f"{LONG}.deprecated", "interval": c.long_interval, "rules": deprecated_rules(c, long)},
     ]
     if c.interval:
         for group in groups:
-            if group["name"] != "volprobe.rules.long":
+            if not group["name"].startswith(LONG):
                 group["interval"] = c.interval
             group.update({"rules": group.pop("rules")})
     return {"groups": groups}
@@ -386,7 +452,7 @@ class _Dumper(yaml.SafeDumper):
     pass
 
 
-def _str(dumper: yaml.SafeDumper, value: str):
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     style = "|" if "\n" in value else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
