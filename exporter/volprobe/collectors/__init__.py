@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
 from .. import metrics
@@ -95,7 +95,9 @@ class VolprobeCollector(PrometheusCollector):
         yield duration
 
 
-def _reload_families(outcome: ReloadOutcome, ok: metrics.MetricSpec, when: metrics.MetricSpec) -> list[Metric]:
+def _reload_families(
+    outcome: ReloadOutcome, ok: metrics.MetricSpec[GaugeMetricFamily], when: metrics.MetricSpec[GaugeMetricFamily]
+) -> list[Metric]:
     successful, success_time = ok.family(), when.family()
     successful.add_metric([], 1.0 if outcome.successful else 0.0)
     success_time.add_metric([], outcome.success_time)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
@@ -28,7 +29,7 @@ LATENCY, RECENT = metrics.PROBE_LATENCY, metrics.PROBE_LATENCY_RECENT
 class HistogramSeries:
     """The bucket, count and sum series of one histogram."""
 
-    def __init__(self, spec: metrics.MetricSpec, labels: dict[str, str], bounds: tuple[float, ...]) -> None:
+    def __init__(self, spec: metrics.MetricSpec[Any], labels: dict[str, str], bounds: tuple[float, ...]) -> None:
         bounds_text = [*(floatToGoString(bound) for bound in bounds), "+Inf"]
         self.buckets = [spec.series(spec.bucket, {**labels, "le": le}) for le in bounds_text]
         self.count = spec.series(spec.count, labels)
@@ -44,7 +45,7 @@ class HistogramSeries:
 class SummarySeries:
     """The quantile, count and sum series of one summary."""
 
-    def __init__(self, spec: metrics.MetricSpec, labels: dict[str, str]) -> None:
+    def __init__(self, spec: metrics.MetricSpec[Any], labels: dict[str, str]) -> None:
         self.quantiles = [spec.series(spec.name, {**labels, "quantile": floatToGoString(q)}) for q in SUMMARY_QUANTILES]
         self.count = spec.series(spec.count, labels)
         self.sum = spec.series(spec.sum, labels)
