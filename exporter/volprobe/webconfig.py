@@ -16,11 +16,13 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import hashlib
 import hmac
 import ipaddress
 import logging
 import os
+import platform
 import re
 import ssl
 import threading
@@ -352,6 +354,12 @@ def _python_limits(d: _Decoder, s: _TLSSettings) -> None:
             f"{TLS_KEY}.curve_preferences",
             "Python's ssl can restrict key exchange to one curve only; list one of " + ", ".join(s.curve_preferences),
         )
+    elif s.curve_preferences and not curve_settable(s.curve_preferences[0]):
+        d.fail(
+            f"{TLS_KEY}.curve_preferences",
+            f"{s.curve_preferences[0]} cannot be set with this Python's ssl (Python {platform.python_version()}, "
+            f"{ssl.OPENSSL_VERSION}); list another curve, or run volprobe on a Python whose ssl sets it",
+        )
     for name in ("min_version", "max_version"):
         if TLS_VERSIONS[getattr(s, name)] < ssl.TLSVersion.TLSv1_2:
             d.fail(f"{TLS_KEY}.{name}", f"{getattr(s, name)}: OpenSSL 3 does not negotiate TLS below 1.2 here")
@@ -359,6 +367,17 @@ def _python_limits(d: _Decoder, s: _TLSSettings) -> None:
         d.fail(f"{TLS_KEY}.min_version", f"{s.min_version} is above max_version {s.max_version}")
     if s.cipher_suites and not any(c in CIPHER_SUITES for c in s.cipher_suites) and s.max_version != "TLS13":
         d.fail(f"{TLS_KEY}.cipher_suites", "only TLS 1.3 names, and max_version below TLS13: no handshake could work")
+
+
+@functools.cache
+def curve_settable(curve: str) -> bool:
+    """Whether this interpreter's ssl can restrict key exchange to the curve. Older builds (Debian 12's python3,
+    3.11.2) set it through OpenSSL's EC_KEY, which has no X25519: asked of ssl itself, not guessed by version."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).set_ecdh_curve(CURVES[curve])
+    except (ssl.SSLError, ValueError):
+        return False
+    return True
 
 
 def _context(d: _Decoder, s: _TLSSettings, http2: bool) -> tuple[ssl.SSLContext | None, tuple[str, ...]]:
