@@ -337,7 +337,7 @@ def parse(document: Any, source: str = "<config>") -> Config:
     check = Walker()
     if document is None:
         document = {}
-    values, top = check.read(Config, document, "" if isinstance(document, Mapping) else source)
+    values, top = check.read(Config, document, "", named="" if isinstance(document, Mapping) else source)
     defaults = check.build(Defaults, top.get("defaults"), "defaults")
     window = defaults.window
 

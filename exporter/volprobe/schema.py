@@ -27,6 +27,7 @@ from . import units
 
 SCHEMA = "volprobe.schema"  # the metadata key of a declared field
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
 class Invalid(ValueError):
@@ -38,12 +39,12 @@ class Invalid(ValueError):
 
 
 @dataclass(frozen=True)
-class Kind(Generic[T]):
+class Kind(Generic[T_co]):
     """A type with its bounds: `parse` returns the typed value or raises ValueError with the message.
     `valid` and `invalid` are values of a document it accepts and refuses (the fuzz tests generate from them)."""
 
     name: str  # as the reference shows it, e.g. "duration > 0"
-    parse: Callable[[Any], T]
+    parse: Callable[[Any], T_co]
     valid: tuple[object, ...] = ()
     invalid: tuple[object, ...] = ()
     show: Callable[[Any], str] | None = None  # a default as the reference writes it (1s, 64MiB)
@@ -145,15 +146,15 @@ class Walker:
     def fail(self, key: str, message: str) -> None:
         self.problems.append(f"{key}: {message}" if key else message)
 
-    def mapping(self, value: Any, key: str, allowed: Collection[str]) -> dict[str, Any]:
-        """The mapping at `key` (null is empty); each key not in `allowed` is a problem."""
+    def mapping(self, value: Any, key: str, allowed: Collection[str] | None) -> dict[str, Any]:
+        """The mapping at `key` (null is empty); each key not in `allowed` (if given) is a problem."""
         if value is None:
             return {}
         if not isinstance(value, Mapping):
             self.fail(key, f"must be a mapping, got {type(value).__name__}")
             return {}
         for name in value:
-            if name not in allowed:
+            if allowed is not None and name not in allowed:
                 self.fail(key_path(key, name), f"unknown key (expected one of: {', '.join(sorted(allowed))})")
         return dict(value)
 
@@ -182,15 +183,18 @@ class Walker:
                 values[name] = parsed
         return values
 
-    def read(self, cls: type[Any], value: Any, key: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(the settings that are set, parsed; the whole mapping as written) of a section at `key`."""
-        data = self.mapping(value, key, keys(cls))
+    def read(
+        self, cls: type[Any], value: Any, key: str, named: str | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the settings that are set, parsed; the whole mapping as written) of a section at `key`. `named`:
+        what problems of the mapping itself are said of, where not its key (the whole file: its name)."""
+        data = self.mapping(value, key if named is None else named, keys(cls))
         return self.settings(cls, data, key), data
 
-    def build(self, cls: type[T], value: Any, key: str, **given: Any) -> T:
+    def build(self, cls: type[T], value: Any, key: str, named: str | None = None, **given: Any) -> T:
         """An instance of `cls` from the mapping at `key`: its settings, and its sections built likewise
         (those in `given` are the caller's)."""
-        values, data = self.read(cls, value, key)
+        values, data = self.read(cls, value, key, named)
         return self._construct(cls, values, data, key, given)
 
     def _construct(self, cls: type[T], values: dict[str, Any], data: Mapping[str, Any], key: str, given: Any) -> T:
