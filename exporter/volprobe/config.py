@@ -67,9 +67,9 @@ class ProbeConfig:
     """One probe. Unset fields take the op's defaults: its block size, and O_DSYNC for writes."""
 
     op: str = setting("read", OP, "what the probe does (required)")
-    block_size: int = setting(0, schema.POSITIVE_SIZE, "bytes per request; unset: the op's (4KiB read, 8KiB write)")
+    block_size: int = setting(0, schema.POSITIVE_SIZE, "bytes per request", shown="the op's: 4KiB read, 8KiB write")
     interval: float = setting(1.0, schema.POSITIVE_DURATION, "time between two probes")
-    sync: bool | None = setting(None, schema.BOOLEAN, "writes: O_DSYNC; unset: true for writes")
+    sync: bool | None = setting(None, schema.BOOLEAN, "writes: O_DSYNC (reads: false only)", shown="true for writes")
     jitter: float = setting(0.1, schema.RATIO, "fraction of the interval each probe is randomly delayed by")
     revisit: float = setting(0.25, schema.RATIO, "fraction of probes sent to offsets probed before")
     hold_open: bool = setting(False, schema.BOOLEAN, "reads: keep the device open between probes (writes do)")

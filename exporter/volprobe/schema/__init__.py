@@ -10,8 +10,9 @@ parsed document against those declarations and builds the dataclasses; every pro
 (`targets[0].warmup.mode: ...`), and all problems of a document are reported together. Rules that tie keys
 together (a device or a directory, not both) stay in the module that owns the file, in code.
 
-`python -m volprobe.schema --markdown` prints the configuration reference the README holds between its
-`<!-- schema:begin -->` and `<!-- schema:end -->` markers; `--write README.md` rewrites that section.
+`python -m volprobe.schema --markdown` prints the configuration reference of the three files (volprobe.yml,
+the web config, the mixin's) that the README holds between its `<!-- schema:begin -->` and `<!-- schema:end -->`
+markers; `python -m volprobe.schema --write README.md` rewrites that section in place.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from . import units
+from .. import units
 
 SCHEMA = "volprobe.schema"  # the metadata key of a declared field
 T = TypeVar("T")
@@ -54,6 +55,7 @@ class Kind(Generic[T_co]):
 class Setting:
     kind: Kind[Any]
     doc: str
+    shown: str = ""  # the default as the reference says it, where its value does not tell (0: the op's)
 
 
 @dataclass(frozen=True)
@@ -66,11 +68,12 @@ class Section:
     inline: bool = False
 
 
-def setting(default: Any, kind: Kind[Any], doc: str) -> Any:
+def setting(default: Any, kind: Kind[Any], doc: str, shown: str = "") -> Any:
     """A field declared as a key of the file. Mutable defaults (dict, list) are copied for each instance."""
+    meta = {SCHEMA: Setting(kind, doc, shown)}
     if isinstance(default, dict | list):
-        return field(default_factory=lambda: type(default)(default), metadata={SCHEMA: Setting(kind, doc)})
-    return field(default=default, metadata={SCHEMA: Setting(kind, doc)})
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 def section(cls: type[Any], doc: str, *, default: Any = dataclasses.MISSING, many: bool = False) -> Any:
@@ -369,6 +372,8 @@ def duration_map(what: str) -> Kind[dict[str, str]]:
 def _shown(value: Any) -> str:
     if value is None:
         return "unset"
+    if value == "":
+        return "empty"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float) and value == int(value) and abs(value) < 1e15:
@@ -399,7 +404,7 @@ def reference(cls: type[Any], path: str = "") -> list[str]:
                 continue
             default = default_of(owner, name)
             show = declared.kind.show
-            text = show(default) if show and default is not None else _shown(default)
+            text = declared.shown or (show(default) if show and default is not None else _shown(default))
             lines.append(f"| `{name}` | {declared.kind.name} | {text} | {declared.doc} |")
 
     rows(cls)
