@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from . import __version__, capabilities, ops, safety, targets, units, warmup, webconfig
+from . import __version__, capabilities, ops, safety, schema, targets, units, warmup, webconfig
 from .collectors import Sources, VolprobeCollector, add_flags, enabled_from_args
 from .config import Config, ConfigError, ProbeConfig, TargetConfig, WarmupConfig, from_paths, load
 from .discovery import Host
@@ -381,11 +381,11 @@ def run_ping(argv: Sequence[str]) -> int:
     setup_logging("warning")
     kind = ops.WRITE if args.write else ops.READ
     try:
-        interval = units.parse_duration(args.interval)
-        block_size = units.parse_size(args.block_size) if args.block_size else 0
-        file_size = units.parse_size(args.probe_file_size)
+        interval = schema.flag(schema.POSITIVE_DURATION, args.interval, "--interval")
+        block_size = schema.flag(schema.POSITIVE_SIZE, args.block_size, "--block-size") if args.block_size else 0
+        file_size = schema.flag(schema.POSITIVE_SIZE, args.probe_file_size, "--probe-file-size")
     except ValueError as err:
-        return _report(ConfigError([str(err)]))
+        return _report(ConfigError([f"ping: {err}"]))
     is_dir = os.path.isdir(args.path)
     probe = ProbeConfig(kind.name, block_size, interval, sync=not args.no_sync, jitter=0.0, revisit=0.0, key="ping")
     target = TargetConfig(
@@ -494,17 +494,16 @@ def run_warmup(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     setup_logging("warning")
     try:
-        rate = units.parse_size(args.rate) if args.rate else None
-        block_size = units.parse_size(args.block_size)
-        interval = units.parse_duration(args.checkpoint_interval)
-        if args.jobs < 1:
-            raise ValueError("--jobs must be at least 1")
+        rate = schema.flag(schema.POSITIVE_SIZE, args.rate, "--rate") if args.rate else None
+        block_size = schema.flag(schema.POSITIVE_SIZE, args.block_size, "--block-size")
+        interval = schema.flag(schema.POSITIVE_DURATION, args.checkpoint_interval, "--checkpoint-interval")
+        jobs = schema.flag(schema.POSITIVE_INT, args.jobs, "--jobs")
     except ValueError as err:
         return _report(ConfigError([f"warmup: {err}"]))
     spec = WarmupConfig(
         mode="write" if args.write else "read",
         rate=rate,
-        jobs=args.jobs,
+        jobs=jobs,
         block_size=block_size,
         idle_priority=not args.no_idle_priority,
     )

@@ -135,6 +135,15 @@ def key_path(key: str, name: object) -> str:
     return f"{key}[{name!r}]"
 
 
+def flag(kind: Kind[T], text: Any, name: str) -> T:
+    """A command-line flag's value, read by the same kind as the config key it stands for; ValueError names
+    the flag as a config error names its key (`--interval: '0s' must be longer than zero`)."""
+    try:
+        return kind.parse(text)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+
+
 # -- the walker ---------------------------------------------------------------------------------------------
 
 
