@@ -216,7 +216,7 @@ def _probe(check: Walker, raw: Any, key: str, defaults: Defaults) -> ProbeConfig
     values, data = check.read(ProbeConfig, raw, key)
     if not isinstance(raw, Mapping):
         return None
-    if "op" not in data:
+    if data.get("op") is None:  # null too: a probe of no op would be dropped without a word
         check.fail(_join(key, "op"), f"is required ({' or '.join(ops.NAMES)})")
         return None
     if "op" not in values:
@@ -255,14 +255,15 @@ def _target(check: Walker, raw: Any, key: str, defaults: Defaults) -> TargetConf
     if not isinstance(raw, Mapping):
         check.fail(key, f"must be a mapping, got {type(raw).__name__}")
         return None
-    values, data = check.read(TargetConfig, raw, key)
+    values, written = check.read(TargetConfig, raw, key)
+    data = {name: value for name, value in written.items() if value is not None}  # null: as if not written
     if "device" in data and "directory" in data:
         check.fail(key, "has both device and directory; a target is one or the other")
     elif "device" not in data and "directory" not in data:
         check.fail(key, "needs a device or a directory")
     kind = "directory" if "directory" in data else "device"
-    if "probes" in data:
-        probes = _probes(check, data["probes"], _join(key, "probes"), defaults)
+    if "probes" in written:
+        probes = _probes(check, written["probes"], _join(key, "probes"), defaults)
     else:
         probes = default_probes(kind, defaults, _join(key, "probes"))
     if kind == "directory" and "allow_raw_writes" in data:
@@ -271,7 +272,7 @@ def _target(check: Walker, raw: Any, key: str, defaults: Defaults) -> TargetConf
         check.fail(_join(key, "probe_file_size"), "only applies to directory targets")
     if kind == "directory" and "probe_file_size" not in values and defaults.probe_file_size:
         values["probe_file_size"] = defaults.probe_file_size
-    warmup = check.build(WarmupConfig, data["warmup"], _join(key, "warmup")) if "warmup" in data else None
+    warmup = check.build(WarmupConfig, written["warmup"], _join(key, "warmup")) if "warmup" in written else None
     target = TargetConfig(
         key=key,
         probes=probes,
