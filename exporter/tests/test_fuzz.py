@@ -4,6 +4,7 @@ resumed as it was or set aside, and nothing resumed makes a later write raise.""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -294,25 +295,30 @@ def _inline_settings(cls: type) -> dict:
     }
 
 
-@SCHEMA_FUZZ
-@given(valid_configs(), st.data())
-def test_each_mutation_is_refused_naming_its_key(document, data):
-    """One setting of a valid file set to a value its kind refuses (a wrong type, out of bounds), or one
-    unknown key added: refused, and a problem names that key."""
-    settings = [(path, mapping, name) for path, mapping, name in places(document) if kind_at(path)]
-    sections = [(path, mapping[name]) for path, mapping, name in places(document) if isinstance(mapping[name], dict)]
-    sections.append(("", document))
-    if settings and data.draw(st.booleans()):
-        path, mapping, name = data.draw(st.sampled_from(settings))
-        refused = [v for v in kind_at(path).invalid if v is not None]  # null is "unset" in volprobe.yml
-        mapping[name] = data.draw(st.sampled_from(refused))
-    else:
-        path, mapping = data.draw(st.sampled_from(sections))
-        mapping["not_a_key"] = data.draw(SCALARS)
-        path = schema.key_path(path, "not_a_key")
-    with pytest.raises(ConfigError) as refused:
-        config.parse(yaml.safe_load(yaml.safe_dump(document)))
-    assert any(p.startswith(f"{path}: ") for p in refused.value.problems), (path, refused.value.problems)
+@settings(SCHEMA_FUZZ, max_examples=60)
+@given(valid_configs(), SCALARS)
+def test_each_mutation_is_refused_naming_its_key(document, stranger):
+    """Each setting of a valid file in turn set to each value its kind refuses (a wrong type, out of bounds),
+    and an unknown key added to each mapping in turn: refused, and a problem names that key."""
+    mutants: list[tuple[str, dict]] = []
+    for index, (path, _, _) in enumerate(places(document)):
+        kind = kind_at(path)
+        for value in kind.invalid if kind else ():
+            if value is not None:  # null is "unset" in volprobe.yml (test_null_is_the_same_as_unset)
+                mutant = copy.deepcopy(document)
+                _, mapping, name = places(mutant)[index]
+                mapping[name] = value
+                mutants.append((path, mutant))
+    for index, (path, _, _) in enumerate([("", {"": document}, ""), *places(document)]):
+        mutant = copy.deepcopy(document)
+        mapping = mutant if index == 0 else places(mutant)[index - 1][1][places(mutant)[index - 1][2]]
+        if isinstance(mapping, dict):
+            mapping["not_a_key"] = stranger
+            mutants.append((schema.key_path(path, "not_a_key"), mutant))
+    for path, mutant in mutants:
+        with pytest.raises(ConfigError) as refused:
+            config.parse(yaml.safe_load(yaml.safe_dump(mutant)))
+        assert any(p.startswith(f"{path}: ") for p in refused.value.problems), (path, refused.value.problems)
 
 
 @SCHEMA_FUZZ
