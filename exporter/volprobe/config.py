@@ -66,7 +66,7 @@ BUCKETS = schema.Kind(
 class ProbeConfig:
     """One probe. Unset fields take the op's defaults: its block size, and O_DSYNC for writes."""
 
-    op: str = setting("read", OP, "what the probe does (required)")
+    op: str = setting(schema.REQUIRED, OP, "what the probe does")
     block_size: int = setting(0, schema.POSITIVE_SIZE, "bytes per request", shown="the op's: 4KiB read, 8KiB write")
     interval: float = setting(1.0, schema.POSITIVE_DURATION, "time between two probes")
     sync: bool | None = setting(None, schema.BOOLEAN, "writes: O_DSYNC (reads: false only)", shown="true for writes")

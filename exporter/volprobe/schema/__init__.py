@@ -1,6 +1,6 @@
 """One declarative schema for volprobe's configuration files, and the one walker that reads them.
 
-A key is declared once, as a field of the frozen dataclass that holds it, with its kind (type and bounds),
+A key is declared once, as a field of the dataclass that holds it, with its kind (type and bounds),
 default and one line of documentation:
 
     interval: float = setting(1.0, POSITIVE_DURATION, "time between two probes")
@@ -68,9 +68,14 @@ class Section:
     inline: bool = False
 
 
+REQUIRED: Any = dataclasses.MISSING  # the default of a key that must be written
+
+
 def setting(default: Any, kind: Kind[Any], doc: str, shown: str = "") -> Any:
     """A field declared as a key of the file. Mutable defaults (dict, list) are copied for each instance."""
     meta = {SCHEMA: Setting(kind, doc, shown)}
+    if default is REQUIRED:
+        return field(metadata=meta)
     if isinstance(default, dict | list):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -120,6 +125,7 @@ def default_of(cls: type[Any], name: str) -> Any:
                 return f.default
             if f.default_factory is not dataclasses.MISSING:
                 return f.default_factory()
+            return REQUIRED
     raise KeyError(name)
 
 
@@ -413,7 +419,10 @@ def reference(cls: type[Any], path: str = "") -> list[str]:
                 continue
             default = default_of(owner, name)
             show = declared.kind.show
-            text = declared.shown or (show(default) if show and default is not None else _shown(default))
+            if default is REQUIRED:
+                text = "required"
+            else:
+                text = declared.shown or (show(default) if show and default is not None else _shown(default))
             lines.append(f"| `{name}` | {declared.kind.name} | {text} | {declared.doc} |")
 
     rows(cls)
