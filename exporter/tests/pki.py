@@ -1,12 +1,19 @@
 """A throwaway PKI made with the real openssl: a CA, a server certificate for 127.0.0.1/localhost, and client
-certificates (one without SANs, two with a DNS SAN each), all signed by the CA."""
+certificates (one without SANs, two with a DNS SAN each), all signed by the CA. The extensions are those that
+Python 3.13's default client context requires (VERIFY_X509_STRICT): key usages, key identifiers."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-# name -> the extension file's text (subjectAltName), or "" for none
+# What every certificate the CA signs carries, and the CA's own key usage.
+LEAF = (
+    "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+    "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
+)
+CA_KEY_USAGE = "keyUsage=critical,keyCertSign,cRLSign"
+# name -> its subjectAltName extension, or "" for none
 CERTIFICATES = {
     "server": "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
     "client": "",
@@ -21,14 +28,11 @@ def openssl(*args: str, cwd: Path) -> None:
 
 def make_pki(directory: Path) -> Path:
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
-            "-subj", "/CN=volprobe test CA", cwd=directory)  # fmt: skip
+            "-subj", "/CN=volprobe test CA", "-addext", CA_KEY_USAGE, cwd=directory)  # fmt: skip
     for name, extensions in CERTIFICATES.items():
         openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
                 "-subj", f"/CN={name}", cwd=directory)  # fmt: skip
-        extra = []
-        if extensions:
-            (directory / f"{name}.ext").write_text(extensions)
-            extra = ["-extfile", f"{name}.ext"]
+        (directory / f"{name}.ext").write_text(LEAF + extensions)
         openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                "-out", f"{name}.crt", "-days", "2", *extra, cwd=directory)  # fmt: skip
+                "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=directory)  # fmt: skip
     return directory

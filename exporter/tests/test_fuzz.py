@@ -4,6 +4,7 @@ resumed as it was or set aside, and nothing resumed makes a later write raise.""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
@@ -15,7 +16,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from volprobe import config, mixin, state, warmup, webconfig
+from volprobe import config, mixin, ops, schema, state, warmup, webconfig
 from volprobe.config import ConfigError
 from volprobe.probe import OffsetPicker
 
@@ -62,6 +63,8 @@ def check_problems(err: ConfigError) -> None:
 # Derandomized: CI runs the same examples every time (a failure reproduces); explore with
 # `pytest --hypothesis-seed=random exporter/tests/test_fuzz.py` and add what it finds as an @example.
 FUZZ = settings(max_examples=800, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+# Valid files generated from the schema cover its keys in fewer examples than arbitrary documents need.
+SCHEMA_FUZZ = settings(FUZZ, max_examples=250)
 
 
 @FUZZ
@@ -97,6 +100,329 @@ def test_web_configuration(tmp_path_factory, document):
         webconfig.parse(yaml.safe_dump(document), base=str(tmp_path_factory.getbasetemp()))
     except ConfigError as err:
         check_problems(err)
+
+
+# -- what the schema says: valid configs round-trip, each mutation is refused naming its key ---------------------
+
+# Values of the keys that rules between keys constrain, chosen so that every generated file is valid: probe
+# intervals well inside the window, blocks well inside the probe file, a throttle window of 10 samples or more.
+PINNED: dict[tuple[type, str], tuple[object, ...]] = {
+    (config.ProbeConfig, "interval"): ("500ms", "1s"),
+    (config.ProbeConfig, "block_size"): (4096, "4KiB", "64KiB"),
+    (config.Defaults, "interval"): ("500ms", "1s"),
+    (config.Defaults, "window"): ("5m", "1h30m"),
+    (config.Defaults, "probe_file_size"): ("64MiB", "1GB"),
+    (config.TargetConfig, "probe_file_size"): ("64MiB", "1GB"),
+    (config.ThrottleConfig, "sample_interval"): ("500ms", "1s"),
+    (config.ThrottleConfig, "window"): ("1m", "1h30m"),
+    (config.ThrottleConfig, "backoff"): (1, 2000),
+    (config.WarmupConfig, "mode"): ("read",),  # write warm-ups: raw devices with no write probe (test_config)
+}
+
+
+@st.composite
+def settings_of(draw, cls: type, skip: tuple[str, ...] = ()) -> dict[str, object]:
+    """Some of the settings `cls` declares (and those of its inline sections), each one of its kind's valid
+    values (or a pinned one)."""
+    document: dict[str, object] = {}
+    for name, declared in schema.declarations(cls).items():
+        if isinstance(declared, schema.Section) and declared.inline:
+            document.update(draw(settings_of(declared.cls, skip)))
+        elif isinstance(declared, schema.Setting) and name not in skip and draw(st.booleans()):
+            document[name] = draw(st.sampled_from(PINNED.get((cls, name), declared.kind.valid)))
+    return document
+
+
+@st.composite
+def probes(draw, writes: bool) -> list[dict[str, object]]:
+    names = draw(st.lists(st.sampled_from(ops.NAMES if writes else ("read",)), min_size=1, unique=True))
+    result = []
+    for name in names:
+        probe = {**draw(settings_of(config.ProbeConfig, skip=("op", "sync", "hold_open"))), "op": name}
+        if ops.get(name).writes:
+            probe.update(draw(st.sampled_from([{}, {"sync": True}, {"sync": False}, {"hold_open": True}])))
+        else:
+            probe.update(draw(st.sampled_from([{}, {"sync": False}, {"hold_open": True}, {"hold_open": False}])))
+        result.append(probe)
+    return result
+
+
+@st.composite
+def valid_configs(draw) -> dict[str, object]:
+    """A volprobe.yml that the schema and the rules between keys accept."""
+    document: dict[str, object] = draw(settings_of(config.Config))
+    if draw(st.booleans()):
+        document["defaults"] = draw(settings_of(config.Defaults, skip=("buckets",)))
+    targets = []
+    for index in range(draw(st.integers(0, 3))):
+        if draw(st.booleans()):
+            target = {**draw(settings_of(config.TargetConfig, skip=("probe_file_size",))), "device": f"/dev/v{index}"}
+            target.pop("directory", None)
+            target["name"] = f"t{index}"
+            raw_writes = target.get("allow_raw_writes") is True
+            if draw(st.booleans()):
+                target["probes"] = draw(probes(writes=raw_writes))
+            if draw(st.booleans()):
+                target["warmup"] = draw(settings_of(config.WarmupConfig))
+        else:
+            target = {
+                **draw(settings_of(config.TargetConfig, skip=("allow_raw_writes", "device"))),
+                "name": f"t{index}",
+            }
+            target["directory"] = f"/srv/d{index}"
+            if draw(st.booleans()):
+                target["probes"] = draw(probes(writes=True))
+        if draw(st.booleans()):
+            target["limits"] = draw(settings_of(config.Limits))
+        targets.append(target)
+    if targets or draw(st.booleans()):
+        document["targets"] = targets
+    if draw(st.booleans()):
+        document["throttle"] = draw(settings_of(config.ThrottleConfig))
+    if draw(st.booleans()):
+        discovery = draw(settings_of(config.DiscoveryConfig))
+        if draw(st.booleans()):
+            discovery["probes"] = draw(probes(writes=False))
+        if draw(st.booleans()):
+            discovery["warmup"] = draw(settings_of(config.DiscoveryWarmupConfig))
+        document["discovery"] = discovery
+    return document
+
+
+def expect_settings(cls: type, written: dict, built: object, inherited: dict | None = None) -> None:
+    """Each setting of `built` is what its kind makes of the value written, else what `inherited` (the
+    defaults section) sets, else its declared default."""
+    for name, declared in schema.declarations(cls).items():
+        if isinstance(declared, schema.Section) and declared.inline:
+            expect_settings(declared.cls, written, getattr(built, name))
+            continue
+        if not isinstance(declared, schema.Setting):
+            continue
+        if name in written:
+            expected = declared.kind.parse(written[name])
+        elif inherited and inherited.get(name) is not None:
+            expected = inherited[name]
+        else:
+            expected = schema.default_of(cls, name)
+        if (cls, name) == (config.ProbeConfig, "block_size") and name not in written:
+            expected = built.kind.default_block_size
+        if (cls, name) == (config.ProbeConfig, "sync") and name not in written:
+            expected = built.kind.writes
+        assert getattr(built, name) == expected, (cls.__name__, name, written)
+
+
+def expect_probes(written: list | None, built: tuple, defaults: config.Defaults, default_ops: tuple[str, ...]) -> None:
+    if written is None:
+        written = [{"op": name} for name in default_ops]
+    assert [p.op for p in built] == [p["op"] for p in written]
+    for raw, probe in zip(written, built, strict=True):
+        expect_settings(config.ProbeConfig, raw, probe, defaults.probe())
+
+
+def expect_config(document: dict, parsed: config.Config) -> None:
+    """The whole parsed configuration is what the schema says of the document."""
+    expect_settings(config.Config, document, parsed)
+    defaults = parsed.defaults
+    expect_settings(config.Defaults, document.get("defaults", {}), defaults)
+    assert (parsed.window, parsed.buckets, parsed.histogram_by_touch) == (
+        defaults.window,
+        defaults.buckets,
+        defaults.histogram_by_touch,
+    )
+    assert len(parsed.targets) == len(document.get("targets", []))
+    for index, (raw, target) in enumerate(zip(document.get("targets", []), parsed.targets, strict=True)):
+        assert target.key == f"targets[{index}]"
+        inherited = {"probe_file_size": defaults.probe_file_size} if "directory" in raw else {}
+        expect_settings(config.TargetConfig, raw, target, inherited)
+        default_ops = ("write", "read") if "directory" in raw else ("read",)
+        expect_probes(raw.get("probes"), target.probes, defaults, default_ops)
+        expect_settings(config.Limits, raw.get("limits", {}), target.limits)
+        assert (target.warmup is None) == ("warmup" not in raw)
+        if target.warmup is not None:
+            expect_settings(config.WarmupConfig, raw["warmup"], target.warmup)
+    expect_settings(config.ThrottleConfig, document.get("throttle", {}), parsed.throttle)
+    assert (parsed.discovery is None) == ("discovery" not in document)
+    if parsed.discovery is not None:
+        raw = document["discovery"]
+        expect_settings(config.DiscoveryConfig, raw, parsed.discovery)
+        expect_probes(raw.get("probes"), parsed.discovery.probes, defaults, ("read",))
+        assert (parsed.discovery.warmup is None) == ("warmup" not in raw)
+        if parsed.discovery.warmup is not None:
+            expect_settings(config.DiscoveryWarmupConfig, raw["warmup"], parsed.discovery.warmup)
+
+
+@SCHEMA_FUZZ
+@given(valid_configs())
+def test_a_valid_configuration_round_trips(document):
+    """Generated from the schema, dumped as YAML, parsed: every value is what the schema makes of it."""
+    expect_config(document, config.parse(yaml.safe_load(yaml.safe_dump(document))))
+
+
+def places(document: object, key: str = "") -> list[tuple[str, dict, str]]:
+    """Every (key path, mapping, name) of a setting or section written in a document."""
+    found = []
+    if isinstance(document, dict):
+        for name, value in document.items():
+            path = schema.key_path(key, name)
+            found.append((path, document, name))
+            found.extend(places(value, path))
+    elif isinstance(document, list):
+        for index, value in enumerate(document):
+            found.extend(places(value, f"{key}[{index}]"))
+    return found
+
+
+def kind_at(path: str) -> schema.Kind | None:
+    """The kind of the setting at a key path of volprobe.yml (None: a section, or a key of no setting)."""
+    cls: type = config.Config
+    parts = re.findall(r"[A-Za-z_]+", path)
+    for depth, name in enumerate(parts):
+        declared = {**schema.declarations(cls), **_inline_settings(cls)}.get(name)
+        if declared is None:
+            return None
+        if isinstance(declared, schema.Setting):
+            return declared.kind if depth == len(parts) - 1 else None
+        cls = declared.cls
+    return None
+
+
+def _inline_settings(cls: type) -> dict:
+    return {
+        name: setting
+        for declared in schema.declarations(cls).values()
+        if isinstance(declared, schema.Section) and declared.inline
+        for name, setting in schema.declarations(declared.cls).items()
+    }
+
+
+@settings(SCHEMA_FUZZ, max_examples=60)
+@given(valid_configs(), SCALARS)
+def test_each_mutation_is_refused_naming_its_key(document, stranger):
+    """Each setting of a valid file in turn set to each value its kind refuses (a wrong type, out of bounds),
+    and an unknown key added to each mapping in turn: refused, and a problem names that key."""
+    mutants: list[tuple[str, dict]] = []
+    for index, (path, _, _) in enumerate(places(document)):
+        kind = kind_at(path)
+        for value in kind.invalid if kind else ():
+            if value is not None:  # null is "unset" in volprobe.yml (test_null_is_the_same_as_unset)
+                mutant = copy.deepcopy(document)
+                _, mapping, name = places(mutant)[index]
+                mapping[name] = value
+                mutants.append((path, mutant))
+    for index, (path, _, _) in enumerate([("", {"": document}, ""), *places(document)]):
+        mutant = copy.deepcopy(document)
+        mapping = mutant if index == 0 else places(mutant)[index - 1][1][places(mutant)[index - 1][2]]
+        if isinstance(mapping, dict):
+            mapping["not_a_key"] = stranger
+            mutants.append((schema.key_path(path, "not_a_key"), mutant))
+    for path, mutant in mutants:
+        with pytest.raises(ConfigError) as refused:
+            config.parse(yaml.safe_load(yaml.safe_dump(mutant)))
+        assert any(p.startswith(f"{path}: ") for p in refused.value.problems), (path, refused.value.problems)
+
+
+@SCHEMA_FUZZ
+@given(valid_configs(), st.data())
+def test_null_is_the_same_as_unset(document, data):
+    """A setting set to null in volprobe.yml keeps its default: the file reads as without the key."""
+    settings = [(path, mapping, name) for path, mapping, name in places(document) if kind_at(path)]
+    if not settings:
+        return
+    path, mapping, name = data.draw(st.sampled_from(settings))
+    if path.endswith(".op"):  # a probe's op is required: null is refused naming it
+        mapping[name] = None
+        with pytest.raises(ConfigError) as refused:
+            config.parse(document)
+        assert any(p.startswith(f"{path}: is required") for p in refused.value.problems)
+        return
+    mapping[name] = None
+    with_null = outcome(document)
+    del mapping[name]
+    assert with_null == outcome(document)
+
+
+def outcome(document: dict) -> config.Config | list[str]:
+    """The parsed configuration, or its problems (a required key unset is refused either way)."""
+    try:
+        return config.parse(document)
+    except ConfigError as err:
+        return err.problems
+
+
+def valid_mixin() -> st.SearchStrategy[dict[str, object]]:
+    return settings_of(mixin.MixinConfig)
+
+
+@SCHEMA_FUZZ
+@given(valid_mixin())
+def test_a_valid_mixin_configuration_round_trips(document):
+    parsed = mixin.from_mapping(yaml.safe_load(yaml.safe_dump(document)))
+    expect_settings(mixin.MixinConfig, document, parsed)
+
+
+@SCHEMA_FUZZ
+@given(valid_mixin(), st.sampled_from(list(schema.declarations(mixin.MixinConfig))), st.data())
+def test_each_mixin_mutation_is_refused_naming_its_key(document, name, data):
+    """The mixin takes null as a value: refused like any value of the wrong type."""
+    declared = schema.declarations(mixin.MixinConfig)[name]
+    if data.draw(st.booleans()):
+        document[name] = data.draw(st.sampled_from([*declared.kind.invalid, None]))
+    else:
+        name = data.draw(st.text(min_size=1, max_size=8).filter(lambda n: n not in schema.keys(mixin.MixinConfig)))
+        document[name] = data.draw(SCALARS)
+    with pytest.raises(ConfigError) as refused:
+        mixin.from_mapping(document)
+    assert any(p.startswith(f"mixin: {schema.key_path('', name)}") for p in refused.value.problems), (
+        name,
+        refused.value.problems,
+    )
+
+
+WEB_SECTIONS = {"http_server_config": webconfig._HTTPSettings, "rate_limit": webconfig._RateLimitSettings}
+
+
+@st.composite
+def valid_web_configs(draw) -> dict[str, object]:
+    """A web config without TLS (whose files test_webconfig_table checks against exporter-toolkit)."""
+    document = {}
+    for name, cls in WEB_SECTIONS.items():
+        if draw(st.booleans()):
+            document[name] = draw(settings_of(cls, skip=("headers",)))
+    return document
+
+
+@SCHEMA_FUZZ
+@given(valid_web_configs())
+def test_a_valid_web_configuration_round_trips(document):
+    parsed = webconfig.parse(yaml.safe_dump(document))
+    http, limit = document.get("http_server_config", {}), document.get("rate_limit", {})
+    assert parsed.http2 == web_value(webconfig.GO_BOOL, http.get("http2", True))
+    interval = web_value(webconfig.GO_DURATION, limit.get("interval", 0))
+    burst = web_value(webconfig.GO_INT, limit.get("burst", 0))
+    assert parsed.rate_limit == (webconfig.RateLimit(interval, burst) if interval != 0 else None)
+
+
+def web_value(kind: schema.Kind, value: object) -> object:
+    """What a web config kind (which reads YAML nodes) makes of a value."""
+    return kind.parse(yaml.compose(yaml.safe_dump(value)))
+
+
+@SCHEMA_FUZZ
+@given(valid_web_configs(), st.data())
+def test_each_web_mutation_is_refused_naming_its_key(document, data):
+    section = data.draw(st.sampled_from(list(WEB_SECTIONS)))
+    cls = WEB_SECTIONS[section]
+    body = document.setdefault(section, {})
+    settings = [n for n, d in schema.declarations(cls).items() if isinstance(d, schema.Setting) and d.kind.invalid]
+    if data.draw(st.booleans()):
+        name = data.draw(st.sampled_from(settings))
+        body[name] = data.draw(st.sampled_from(schema.declarations(cls)[name].kind.invalid))
+    else:
+        name = "not_a_key"
+        body[name] = data.draw(SCALARS)
+    with pytest.raises(ConfigError) as refused:
+        webconfig.parse(yaml.safe_dump(document))
+    assert any(p.startswith(f"{section}.{name}: ") for p in refused.value.problems), refused.value.problems
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -144,17 +470,19 @@ STATE_TEXTS = st.one_of(
 )
 
 
-@FUZZ
+@SCHEMA_FUZZ
 @given(STATE_TEXTS)
 @example("[" * 100_000)
 @example("9" * 5000)
 def test_state_file_parser(text):
     """What is accepted is JSON as volprobe writes it: shallow, finite numbers, ints in range; it reads back
-    as itself."""
+    as itself. What is refused (ValueError) is exactly what is not."""
     try:
         document = state.parse_state(text)
     except ValueError:
+        assert not as_volprobe_writes(text), text[:200]
         return
+    assert as_volprobe_writes(text), text[:200]
     for leaf, depth in leaves(document):
         assert depth <= state.MAX_DEPTH
         if isinstance(leaf, float):
@@ -162,6 +490,34 @@ def test_state_file_parser(text):
         elif isinstance(leaf, int):
             assert -state.MAX_INT < leaf < state.MAX_INT
     assert state.parse_state(json.dumps(document, allow_nan=False)) == document
+
+
+def as_volprobe_writes(text: str) -> bool:
+    """The state file format, decided apart from parse_state: strict JSON (no NaN, Infinity, or number out of
+    float range), containers at most MAX_DEPTH deep, ints below MAX_INT in magnitude."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+
+    try:
+        document = json.loads(text, parse_constant=refuse)
+    except (ValueError, RecursionError):  # not JSON, NaN, a 4301-digit int, nested past the recursion limit
+        return False
+    if containers_depth(document) > state.MAX_DEPTH:
+        return False
+    for leaf, _ in leaves(document):
+        if isinstance(leaf, float) and not math.isfinite(leaf):
+            return False
+        if isinstance(leaf, int) and not isinstance(leaf, bool) and not -state.MAX_INT < leaf < state.MAX_INT:
+            return False
+    return True
+
+
+def containers_depth(value: object) -> int:
+    if isinstance(value, dict | list):
+        children = value.values() if isinstance(value, dict) else value
+        return 1 + max((containers_depth(child) for child in children), default=0)
+    return 0
 
 
 NUMBERS = st.one_of(
@@ -192,7 +548,7 @@ CURSORS = st.one_of(
 PROBES = st.dictionaries(st.sampled_from(["read", "write"]), CURSORS, max_size=2) | VALUES
 
 
-@FUZZ
+@SCHEMA_FUZZ
 @given(CREATED, st.dictionaries(st.sampled_from(["read", "write"]), CURSOR, max_size=2) | PROBES)
 @example(1e400, {})
 @example(1.7e9, {"read": {"key": 7, "next": 2**63 - 1, "used": 0, "gaps": [[0, 2**63 - 1]] * 32}})
@@ -238,7 +594,7 @@ RANGES = st.one_of(
 )
 
 
-@FUZZ
+@SCHEMA_FUZZ
 @given(st.integers(1, 400) | st.integers(1, 10**13), st.lists(IN_RANGE, max_size=8) | st.lists(RANGES, max_size=8))
 @example(2 * 10**12, [[1, 10**12]])
 @example(10, [[5, 6], [0, 5], [7, 8]])

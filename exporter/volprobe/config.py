@@ -1,4 +1,5 @@
-"""The YAML configuration: schema, defaults and validation. Pure: nothing here touches a device.
+"""The YAML configuration: its keys (declared with volprobe.schema), defaults and validation. Pure: nothing
+here touches a device. A new key is one `setting(default, kind, "doc")` field of the dataclass that holds it.
 
 Every error names the key path it is about (`targets[1].probes[0].block_size: ...`), and all errors of a
 file are reported together. Checks that need the machine (does the device exist, what is its logical block
@@ -8,16 +9,18 @@ size, is it blank) live in targets.py and report with the same key paths.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from . import ops, stats, units
+from . import ops, schema, stats, units
+from .schema import Walker, section, setting
 
 WARMUP_MODES = ("read", "write")
+WARMUP_POLICIES = ("new", "all")
 DISKSTATS_SCOPES = ("probed", "all")
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 PROBE_FILE_NAME = ".volprobe-probe"
@@ -32,17 +35,44 @@ class ConfigError(Exception):
         self.problems = problems
 
 
+def _op(value: Any) -> str:
+    """An op's name, as ops.py knows them."""
+    try:
+        return ops.get(value).name
+    except (ValueError, TypeError):
+        raise ValueError(f"{value!r} is not one of {', '.join(ops.NAMES)}") from None
+
+
+def _buckets(value: Any) -> tuple[float, ...]:
+    if value == "legacy":
+        return stats.LEGACY_BUCKETS
+    if not isinstance(value, list):
+        raise ValueError("must be a list of durations, e.g. [100us, 1ms, 10ms], or legacy")
+    return stats.validate_buckets(units.parse_duration(v) for v in value)
+
+
+OP = schema.Kind(" \\| ".join(f"`{n}`" for n in ops.NAMES), _op, ops.NAMES, ("trim", "", 5, None, True))
+NAME = schema.name_kind(NAME_RE, "letters, digits, '_', '.', ':', '-'; at most 64")
+BUCKETS = schema.Kind(
+    "durations, or `legacy`",
+    _buckets,
+    ("legacy", ["1ms", "10ms", "100ms"]),
+    ("x", ["1ms", "1ms"], [-1], [5]),
+    lambda b: f"{len(b)} from {units.format_duration(b[0])} to {units.format_duration(b[-1])}",
+)
+
+
 @dataclass(frozen=True)
 class ProbeConfig:
     """One probe. Unset fields take the op's defaults: its block size, and O_DSYNC for writes."""
 
-    op: str
-    block_size: int = 0
-    interval: float = 1.0
-    sync: bool | None = None
-    jitter: float = 0.1  # fraction of the interval each probe is randomly delayed by
-    revisit: float = 0.25  # fraction of probes sent to offsets probed before
-    hold_open: bool = False  # reads: keep the device open between probes (writes always do)
+    op: str = setting(schema.REQUIRED, OP, "what the probe does")
+    block_size: int = setting(0, schema.POSITIVE_SIZE, "bytes per request", shown="the op's: 4KiB read, 8KiB write")
+    interval: float = setting(1.0, schema.POSITIVE_DURATION, "time between two probes")
+    sync: bool | None = setting(None, schema.BOOLEAN, "writes: O_DSYNC (reads: false only)", shown="true for writes")
+    jitter: float = setting(0.1, schema.RATIO, "fraction of the interval each probe is randomly delayed by")
+    revisit: float = setting(0.25, schema.RATIO, "fraction of probes sent to offsets probed before")
+    hold_open: bool = setting(False, schema.BOOLEAN, "reads: keep the device open between probes (writes do)")
     key: str = ""  # where it sits in the config file, for error messages
 
     def __post_init__(self) -> None:
@@ -62,30 +92,32 @@ class ProbeConfig:
 
 @dataclass(frozen=True)
 class Limits:
-    iops: float | None = None
-    bandwidth: float | None = None
+    iops: float | None = setting(None, schema.POSITIVE_NUMBER, "at most this many probe requests a second")
+    bandwidth: float | None = setting(None, schema.POSITIVE_SIZE, "at most this many probe bytes a second")
 
 
 @dataclass(frozen=True)
 class WarmupConfig:
-    mode: str = "read"
-    rate: float | None = None  # bytes per second; None is unlimited
-    jobs: int = 4
-    block_size: int = 1024**2
-    idle_priority: bool = True
+    mode: str = setting("read", schema.choice(WARMUP_MODES), "read every block once, or write it (raw only)")
+    rate: float | None = setting(None, schema.POSITIVE_SIZE, "bytes per second; unset: unlimited")
+    jobs: int = setting(4, schema.POSITIVE_INT, "requests in flight")
+    block_size: int = setting(1024**2, schema.POSITIVE_SIZE, "bytes per request")
+    idle_priority: bool = setting(True, schema.BOOLEAN, "run in the idle I/O scheduling class")
 
 
 @dataclass(frozen=True)
 class TargetConfig:
     key: str
-    name: str | None = None
-    device: str | None = None
-    directory: str | None = None
-    probe_file_size: int = 64 * 1024**2
-    allow_raw_writes: bool = False
-    probes: tuple[ProbeConfig, ...] = ()
-    limits: Limits = field(default_factory=Limits)
-    warmup: WarmupConfig | None = None
+    name: str | None = setting(None, NAME, "the target label; unset: the path")
+    device: str | None = setting(None, schema.ABSOLUTE_PATH, "a block device (or a directory, not both)")
+    directory: str | None = setting(None, schema.ABSOLUTE_PATH, "a directory: probes go to a probe file in it")
+    probe_file_size: int = setting(64 * 1024**2, schema.POSITIVE_SIZE, "directories: size of the probe file")
+    allow_raw_writes: bool = setting(False, schema.BOOLEAN, "devices: allow write probes or a write warm-up")
+    probes: tuple[ProbeConfig, ...] = section(
+        ProbeConfig, "unset: a read on a device; a sync write and a read in a directory", default=(), many=True
+    )
+    limits: Limits = section(Limits, "caps on the probes' own load")
+    warmup: WarmupConfig | None = section(WarmupConfig, "read (or write) every block once, then probe", default=None)
 
     @property
     def path(self) -> str:
@@ -102,14 +134,31 @@ class TargetConfig:
 
 
 @dataclass(frozen=True)
+class Defaults:
+    """The `defaults:` section: settings of the whole file, and defaults of every probe and target."""
+
+    interval: float | None = schema.inherited(ProbeConfig, "interval", "every probe's interval (1s)")
+    jitter: float | None = schema.inherited(ProbeConfig, "jitter", "every probe's jitter (0.1)")
+    revisit: float | None = schema.inherited(ProbeConfig, "revisit", "every probe's revisit (0.25)")
+    probe_file_size: int | None = schema.inherited(
+        TargetConfig, "probe_file_size", "every directory target's probe file size (64MiB)"
+    )
+    window: float = setting(300.0, schema.POSITIVE_DURATION, "window of the exported quantiles")
+    buckets: tuple[float, ...] = setting(stats.DEFAULT_BUCKETS, BUCKETS, "latency histogram bucket bounds")
+    histogram_by_touch: bool = setting(False, schema.BOOLEAN, "the touch label on the histogram too (2x series)")
+
+    def probe(self) -> dict[str, Any]:
+        """What it sets of every probe's keys."""
+        chosen = {"interval": self.interval, "jitter": self.jitter, "revisit": self.revisit}
+        return {name: value for name, value in chosen.items() if value is not None}
+
+
+@dataclass(frozen=True)
 class ThrottleConfig:
-    enabled: bool = True
-    sample_interval: float = 1.0
-    window: float = 60.0
-    backoff: float = 10.0  # probes run this many times slower while their device is throttled; 1 disables
-
-
-WARMUP_POLICIES = ("new", "all")
+    enabled: bool = setting(True, schema.BOOLEAN, "detect throttling plateaus")
+    sample_interval: float = setting(1.0, schema.POSITIVE_DURATION, "how often /proc/diskstats is sampled")
+    window: float = setting(60.0, schema.POSITIVE_DURATION, "samples judged together (at least 10)")
+    backoff: float = setting(10.0, schema.POSITIVE_NUMBER, "probes run this much slower while throttled; 1: off")
 
 
 @dataclass(frozen=True)
@@ -118,30 +167,42 @@ class DiscoveryWarmupConfig:
     appear after the exporter started (and resumes warm-ups a restart interrupted); "all" every matching device.
     A volume is warmed once: its state remembers it by identity."""
 
-    warmup: WarmupConfig = field(default_factory=WarmupConfig)
-    policy: str = "new"
-    max_concurrent: int = 2
+    warmup: WarmupConfig = schema.inline(WarmupConfig, "the warm-up's own keys")
+    policy: str = setting("new", schema.choice(WARMUP_POLICIES), "devices that appear after start, or all")
+    max_concurrent: int = setting(2, schema.POSITIVE_INT, "devices warmed at once")
 
 
 @dataclass(frozen=True)
 class DiscoveryConfig:
-    include: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    probes: tuple[ProbeConfig, ...] = tuple(ProbeConfig(op.name) for op in ops.DEVICE_DEFAULTS)
-    rescan_interval: float = 5.0
-    warmup: DiscoveryWarmupConfig | None = None
+    include: tuple[str, ...] = setting((), schema.REGEXES, "device names to probe; empty: every whole disk")
+    exclude: tuple[str, ...] = setting((), schema.REGEXES, "device names never probed")
+    probes: tuple[ProbeConfig, ...] = section(
+        ProbeConfig,
+        "probes of each discovered device (reads only)",
+        default=tuple(ProbeConfig(op.name) for op in ops.DEVICE_DEFAULTS),
+        many=True,
+    )
+    rescan_interval: float = setting(5.0, schema.POSITIVE_DURATION, "how often devices are listed again")
+    warmup: DiscoveryWarmupConfig | None = section(
+        DiscoveryWarmupConfig, "warm discovered devices once each", default=None
+    )
 
 
 @dataclass(frozen=True)
 class Config:
-    targets: tuple[TargetConfig, ...] = ()
-    window: float = 300.0
-    buckets: tuple[float, ...] = stats.DEFAULT_BUCKETS
-    histogram_by_touch: bool = False  # the touch label on the histogram too (the layout before 0.2: 2x series)
-    diskstats: str = "probed"
-    throttle: ThrottleConfig = field(default_factory=ThrottleConfig)
-    discovery: DiscoveryConfig | None = None
-    state_directory: str | None = None
+    defaults: Defaults = section(Defaults, "settings of the whole file, defaults of every probe and target")
+    targets: tuple[TargetConfig, ...] = section(
+        TargetConfig, "the devices and directories probed", default=(), many=True
+    )
+    diskstats: str = setting(
+        "probed", schema.choice(DISKSTATS_SCOPES), "/proc/diskstats series: probed devices, or all"
+    )
+    throttle: ThrottleConfig = section(ThrottleConfig, "throttling plateau detection")
+    discovery: DiscoveryConfig | None = section(DiscoveryConfig, "probe the devices found, as they come", default=None)
+    state_directory: str | None = setting(None, schema.ABSOLUTE_PATH, "where offsets and warm-ups are remembered")
+    window: float = Defaults.window  # defaults.window, defaults.buckets, defaults.histogram_by_touch
+    buckets: tuple[float, ...] = Defaults.buckets
+    histogram_by_touch: bool = Defaults.histogram_by_touch
     source: str = "<default>"
 
     @property
@@ -150,184 +211,27 @@ class Config:
         return self.source == BUILTIN
 
 
-class _Checker:
-    """Collects problems while walking the YAML tree."""
-
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-
-    def fail(self, key: str, message: str) -> None:
-        self.problems.append(f"{key}: {message}" if key else message)
-
-    def mapping(self, value: Any, key: str, allowed: set[str]) -> dict[str, Any]:
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            self.fail(key, f"must be a mapping, got {type(value).__name__}")
-            return {}
-        for name in value:
-            if name not in allowed:
-                hint = ", ".join(sorted(allowed))
-                self.fail(key_path(key, name), f"unknown key (expected one of: {hint})")
-        return dict(value)
-
-    def present(self, data: Mapping[str, Any], key: str, parsers: Mapping[str, Callable[[Any], Any]]) -> dict[str, Any]:
-        """The keys of `data` that are set, parsed: what overrides a dataclass's defaults."""
-        values: dict[str, Any] = {}
-        for name, parse in parsers.items():
-            if data.get(name) is None:
-                continue
-            try:
-                values[name] = parse(data[name])
-            except (ValueError, TypeError) as err:
-                self.fail(_join(key, name), str(err))
-        return values
-
-    def convert(self, data: Mapping[str, Any], name: str, key: str, parse: Callable[[Any], Any], default: Any):
-        if name not in data or data[name] is None:
-            return default
-        try:
-            return parse(data[name])
-        except (ValueError, TypeError) as err:
-            self.fail(_join(key, name), str(err))
-            return default
-
-
-_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def key_path(key: str, name: object) -> str:
-    """`key.name`; a name that is not a plain word (spaces, dots, not a string) is quoted: `key[' ']`."""
-    if isinstance(name, str) and _PLAIN_KEY.fullmatch(name):
-        return f"{key}.{name}" if key else name
-    return f"{key}[{name!r}]"
-
-
+key_path = schema.key_path
 _join = key_path
 
 
-def _positive_duration(value: Any) -> float:
-    seconds = units.parse_duration(value)
-    if seconds <= 0:
-        raise ValueError(f"{value!r} must be longer than zero")
-    return seconds
-
-
-def _positive_size(value: Any) -> int:
-    size = units.parse_size(value)
-    if size <= 0:
-        raise ValueError(f"{value!r} must be larger than zero")
-    return size
-
-
-def _ratio(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{value!r} is not a number between 0 and 1")
-    if not 0 <= value <= 1:
-        raise ValueError(f"{value} is outside 0..1")
-    return float(value)
-
-
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{value!r} is not true or false")
-    return value
-
-
-def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
-        if value not in options:
-            raise ValueError(f"{value!r} is not one of {', '.join(options)}")
-        return value
-
-    return parse
-
-
-def _positive_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{value!r} is not a positive integer")
-    return value
-
-
-def _positive_number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"{value!r} is not a positive number")
-    return float(value)
-
-
-def _name(value: Any) -> str:
-    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is not a valid name (letters, digits, '_', '.', ':', '-'; at most 64)")
-    return value
-
-
-def _path(value: Any) -> str:
-    if not isinstance(value, str) or not value.startswith("/"):
-        raise ValueError(f"{value!r} is not an absolute path")
-    return value
-
-
-def _string_list(value: Any) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ValueError("must be a list of regular expressions")
-    for pattern in value:
-        try:
-            re.compile(pattern)
-        except re.error as err:
-            raise ValueError(f"{pattern!r} is not a regular expression: {err}") from None
-    return tuple(value)
-
-
-_PROBE_PARSERS: dict[str, Callable[[Any], Any]] = {
-    "op": _choice(ops.NAMES),
-    "block_size": _positive_size,
-    "interval": _positive_duration,
-    "sync": _bool,
-    "jitter": _ratio,
-    "revisit": _ratio,
-    "hold_open": _bool,
-}
-_PROBE_DEFAULT_KEYS = ("interval", "jitter", "revisit")  # keys of `defaults:` that apply to every probe
-_DEFAULT_KEYS = {*_PROBE_DEFAULT_KEYS, "window", "buckets", "histogram_by_touch", "probe_file_size"}
-_TARGET_PARSERS: dict[str, Callable[[Any], Any]] = {
-    "name": _name,
-    "device": _path,
-    "directory": _path,
-    "allow_raw_writes": _bool,
-    "probe_file_size": _positive_size,
-}
-_TARGET_KEYS = {*_TARGET_PARSERS, "probes", "limits", "warmup"}
-_TOP_KEYS = {"defaults", "targets", "diskstats", "throttle", "discovery", "state_directory"}
-
-
-@dataclass(frozen=True)
-class _Defaults:
-    """The `defaults:` section: overrides of the dataclasses' own defaults, only for the keys it sets."""
-
-    probe: Mapping[str, Any] = field(default_factory=dict)  # interval, jitter, revisit
-    probe_file_size: int | None = None
-
-
-def _probe(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> ProbeConfig | None:
-    data = check.mapping(raw, key, set(_PROBE_PARSERS))
+def _probe(check: Walker, raw: Any, key: str, defaults: Defaults) -> ProbeConfig | None:
+    values, data = check.read(ProbeConfig, raw, key)
     if not isinstance(raw, Mapping):
         return None
-    if "op" not in data:
+    if data.get("op") is None:  # null too: a probe of no op would be dropped without a word
         check.fail(_join(key, "op"), f"is required ({' or '.join(ops.NAMES)})")
         return None
-    values = check.present(data, key, _PROBE_PARSERS)
     if "op" not in values:
         return None
     if not ops.get(values["op"]).writes and data.get("sync") is True:
         check.fail(_join(key, "sync"), "only applies to write probes")
     if ops.get(values["op"]).writes and data.get("hold_open") is False:
         check.fail(_join(key, "hold_open"), "write probes always keep their descriptor open (it holds O_EXCL)")
-    return ProbeConfig(**{**defaults.probe, **values, "key": key})
+    return ProbeConfig(**{**defaults.probe(), **values, "key": key})
 
 
-def _probes(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> tuple[ProbeConfig, ...]:
+def _probes(check: Walker, raw: Any, key: str, defaults: Defaults) -> tuple[ProbeConfig, ...]:
     if not isinstance(raw, list) or not raw:
         check.fail(key, "must be a non-empty list of probes")
         return ()
@@ -343,45 +247,26 @@ def _probes(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> tuple[P
     return tuple(probes)
 
 
-def _limits(check: _Checker, raw: Any, key: str) -> Limits:
-    data = check.mapping(raw, key, {"iops", "bandwidth"})
-    return Limits(**check.present(data, key, {"iops": _positive_number, "bandwidth": _positive_size}))
-
-
-_WARMUP_PARSERS: dict[str, Callable[[Any], Any]] = {
-    "mode": _choice(WARMUP_MODES),
-    "rate": _positive_size,
-    "jobs": _positive_int,
-    "block_size": _positive_size,
-    "idle_priority": _bool,
-}
-
-
-def _warmup(check: _Checker, raw: Any, key: str) -> WarmupConfig:
-    data = check.mapping(raw, key, set(_WARMUP_PARSERS))
-    return WarmupConfig(**check.present(data, key, _WARMUP_PARSERS))
-
-
-def default_probes(kind: str, defaults: _Defaults | None = None, key: str = "") -> tuple[ProbeConfig, ...]:
+def default_probes(kind: str, defaults: Defaults | None = None, key: str = "") -> tuple[ProbeConfig, ...]:
     """Probes of a target that names none: reads on a device, a sync write and a read in a directory."""
-    overrides = defaults.probe if defaults else {}
+    overrides = defaults.probe() if defaults else {}
     kinds = ops.DIRECTORY_DEFAULTS if kind == "directory" else ops.DEVICE_DEFAULTS
     return tuple(ProbeConfig(op.name, **overrides, key=f"{key}[{i}]") for i, op in enumerate(kinds))
 
 
-def _target(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> TargetConfig | None:
+def _target(check: Walker, raw: Any, key: str, defaults: Defaults) -> TargetConfig | None:
     if not isinstance(raw, Mapping):
         check.fail(key, f"must be a mapping, got {type(raw).__name__}")
         return None
-    data = check.mapping(raw, key, _TARGET_KEYS)
-    values = check.present(data, key, _TARGET_PARSERS)
+    values, written = check.read(TargetConfig, raw, key)
+    data = {name: value for name, value in written.items() if value is not None}  # null: as if not written
     if "device" in data and "directory" in data:
         check.fail(key, "has both device and directory; a target is one or the other")
     elif "device" not in data and "directory" not in data:
         check.fail(key, "needs a device or a directory")
     kind = "directory" if "directory" in data else "device"
-    if "probes" in data:
-        probes = _probes(check, data["probes"], _join(key, "probes"), defaults)
+    if "probes" in written:
+        probes = _probes(check, written["probes"], _join(key, "probes"), defaults)
     else:
         probes = default_probes(kind, defaults, _join(key, "probes"))
     if kind == "directory" and "allow_raw_writes" in data:
@@ -390,11 +275,11 @@ def _target(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> TargetC
         check.fail(_join(key, "probe_file_size"), "only applies to directory targets")
     if kind == "directory" and "probe_file_size" not in values and defaults.probe_file_size:
         values["probe_file_size"] = defaults.probe_file_size
-    warmup = _warmup(check, data["warmup"], _join(key, "warmup")) if "warmup" in data else None
+    warmup = check.build(WarmupConfig, written["warmup"], _join(key, "warmup")) if "warmup" in written else None
     target = TargetConfig(
         key=key,
         probes=probes,
-        limits=_limits(check, data.get("limits"), _join(key, "limits")),
+        limits=check.build(Limits, data.get("limits"), _join(key, "limits")),
         warmup=warmup,
         **values,
     )
@@ -424,15 +309,8 @@ def _target(check: _Checker, raw: Any, key: str, defaults: _Defaults) -> TargetC
     return target
 
 
-def _throttle(check: _Checker, raw: Any) -> ThrottleConfig:
-    parsers = {
-        "enabled": _bool,
-        "sample_interval": _positive_duration,
-        "window": _positive_duration,
-        "backoff": _positive_number,
-    }
-    data = check.mapping(raw, "throttle", set(parsers))
-    result = ThrottleConfig(**check.present(data, "throttle", parsers))
+def _throttle(check: Walker, raw: Any) -> ThrottleConfig:
+    result = check.build(ThrottleConfig, raw, "throttle")
     if result.backoff < 1:
         check.fail("throttle.backoff", f"{result.backoff} would speed probes up; use 1 to disable the back-off")
     if result.window < 10 * result.sample_interval:
@@ -440,18 +318,8 @@ def _throttle(check: _Checker, raw: Any) -> ThrottleConfig:
     return result
 
 
-def _discovery_warmup(check: _Checker, raw: Any) -> DiscoveryWarmupConfig:
-    key = "discovery.warmup"
-    own = {"policy": _choice(WARMUP_POLICIES), "max_concurrent": _positive_int}
-    data = check.mapping(raw, key, {*_WARMUP_PARSERS, *own})
-    warmup = WarmupConfig(**check.present(data, key, _WARMUP_PARSERS))
-    if warmup.mode != "read":
-        check.fail(_join(key, "mode"), "discovered devices are only ever read: warm-up mode must be read")
-    return DiscoveryWarmupConfig(warmup, **check.present(data, key, own))
-
-
-def _discovery(check: _Checker, raw: Any, defaults: _Defaults) -> DiscoveryConfig:
-    data = check.mapping(raw, "discovery", {"include", "exclude", "probes", "rescan_interval", "warmup"})
+def _discovery(check: Walker, raw: Any, defaults: Defaults) -> DiscoveryConfig:
+    values, data = check.read(DiscoveryConfig, raw, "discovery")
     probes = (
         _probes(check, data["probes"], "discovery.probes", defaults)
         if "probes" in data
@@ -460,43 +328,22 @@ def _discovery(check: _Checker, raw: Any, defaults: _Defaults) -> DiscoveryConfi
     for probe in probes:
         if probe.kind.writes:
             check.fail(_join(probe.key, "op"), "discovered devices are only ever probed with reads")
-    parsers = {"include": _string_list, "exclude": _string_list, "rescan_interval": _positive_duration}
-    warmup = _discovery_warmup(check, data["warmup"]) if data.get("warmup") is not None else None
-    return DiscoveryConfig(probes=probes, warmup=warmup, **check.present(data, "discovery", parsers))
-
-
-def _buckets(value: Any) -> tuple[float, ...]:
-    if value == "legacy":
-        return stats.LEGACY_BUCKETS
-    if not isinstance(value, list):
-        raise ValueError("must be a list of durations, e.g. [100us, 1ms, 10ms], or legacy")
-    return stats.validate_buckets(units.parse_duration(v) for v in value)
+    warmup = None
+    if data.get("warmup") is not None:
+        warmup = check.build(DiscoveryWarmupConfig, data["warmup"], "discovery.warmup")
+        if warmup.warmup.mode != "read":
+            check.fail("discovery.warmup.mode", "discovered devices are only ever read: warm-up mode must be read")
+    return DiscoveryConfig(probes=probes, warmup=warmup, **values)
 
 
 def parse(document: Any, source: str = "<config>") -> Config:
     """Validate a loaded YAML document; raise ConfigError with every problem found."""
-    check = _Checker()
+    check = Walker()
     if document is None:
         document = {}
-    top = (
-        check.mapping(document, source, _TOP_KEYS)
-        if not isinstance(document, Mapping)
-        else check.mapping(document, "", _TOP_KEYS)
-    )
-    raw_defaults = check.mapping(top.get("defaults"), "defaults", _DEFAULT_KEYS)
-    defaults = _Defaults(
-        probe=check.present(raw_defaults, "defaults", {k: _PROBE_PARSERS[k] for k in _PROBE_DEFAULT_KEYS}),
-        probe_file_size=check.present(raw_defaults, "defaults", {"probe_file_size": _positive_size}).get(
-            "probe_file_size"
-        ),
-    )
-    settings = check.present(
-        raw_defaults, "defaults", {"window": _positive_duration, "buckets": _buckets, "histogram_by_touch": _bool}
-    )
-    settings.update(
-        check.present(top, "", {"diskstats": _choice(DISKSTATS_SCOPES), "state_directory": _path}),
-    )
-    window = settings.get("window", Config.window)
+    values, top = check.read(Config, document, "", named="" if isinstance(document, Mapping) else source)
+    defaults = check.build(Defaults, top.get("defaults"), "defaults")
+    window = defaults.window
 
     targets: list[TargetConfig] = []
     raw_targets = top.get("targets", [])
@@ -522,11 +369,15 @@ def parse(document: Any, source: str = "<config>") -> Config:
             break
 
     result = Config(
+        defaults=defaults,
         targets=tuple(targets),
         throttle=_throttle(check, top.get("throttle")),
         discovery=_discovery(check, top["discovery"], defaults) if "discovery" in top else None,
+        window=window,
+        buckets=defaults.buckets,
+        histogram_by_touch=defaults.histogram_by_touch,
         source=source,
-        **settings,
+        **values,
     )
     if check.problems:
         raise ConfigError(check.problems)
@@ -552,12 +403,12 @@ def load(path: str | Path) -> Config:
 
 def from_paths(paths: list[str]) -> Config:
     """A config made of `--target PATH` flags: default probes on each device or directory."""
-    check = _Checker()
+    check = Walker()
     targets = []
     for index, path in enumerate(paths):
         key = f"--target[{index}]"
         raw: dict[str, Any] = {"directory" if Path(path).is_dir() else "device": path}
-        target = _target(check, raw, key, _Defaults())
+        target = _target(check, raw, key, Defaults())
         if target is not None:
             targets.append(target)
     if check.problems:

@@ -16,23 +16,27 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import hashlib
 import hmac
 import ipaddress
 import logging
 import os
+import platform
 import re
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import bcrypt
 import yaml
 
-from .config import ConfigError, key_path
+from . import schema
+from .config import ConfigError
+from .schema import key_path, section, setting
 
 log = logging.getLogger(__name__)
 
@@ -80,21 +84,6 @@ HEADERS: dict[str, tuple[str, ...] | None] = {
     "X-XSS-Protection": None,
     "Content-Security-Policy": None,
 }
-_TLS_FIELDS = {
-    "cert",
-    "key",
-    "client_ca",
-    "cert_file",
-    "key_file",
-    "client_auth_type",
-    "client_ca_file",
-    "cipher_suites",
-    "curve_preferences",
-    "min_version",
-    "max_version",
-    "prefer_server_cipher_suites",
-    "client_allowed_sans",
-}
 _PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
 _BCRYPT = re.compile(r"^\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}$")
 _GO_DURATION = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
@@ -121,91 +110,135 @@ class WebConfig:
     http2: bool = True  # validated as Go's server does; volprobe answers in HTTP/1.1 (ALPN) either way
     rate_limit: RateLimit | None = None
     files: tuple[str, ...] = ()  # the certificate, key and client CA files read: a change to one reloads
-    stamps: tuple[tuple, ...] = ()  # each file read (the web config too) as it was when read: see file_stamp
+    stamps: tuple[tuple[Any, ...], ...] = ()  # each file read (the web config too) as it was when read: see file_stamp
 
 
 # -- strict YAML, decoded as yaml.v2's UnmarshalStrict decodes it -----------------------------------------
 
 
-class _Decoder:
-    """Reads YAML nodes into values the way Go's yaml.v2 fills a struct: unknown and repeated keys are errors,
-    a string field takes any scalar's text (`X-XSS-Protection: 1` is "1"), null leaves the zero value."""
+class _Decoder(schema.Walker):
+    """The schema walker on YAML nodes, filling values the way Go's yaml.v2 fills a struct: unknown and repeated
+    keys are errors, a string field takes any scalar's text (`X-XSS-Protection: 1` is "1"), null leaves the
+    zero value (the node kinds below say what each one's is)."""
 
     def __init__(self) -> None:
-        self.problems: list[str] = []
-        self.read: list[tuple] = []  # file_stamp of each file read, taken on the descriptor it was read from
+        super().__init__()
+        self.read_files: list[tuple[Any, ...]] = []  # file_stamp of each file read, taken on its descriptor
 
-    def fail(self, key: str, message: str) -> None:
-        self.problems.append(f"{key}: {message}")
-
-    def mapping(self, node: yaml.Node | None, key: str, fields: set[str] | None = None) -> dict[str, yaml.Node]:
-        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
+    def mapping(self, value: Any, key: str, allowed: Collection[str] | None) -> dict[str, Any]:
+        if value is None or _null(value):
             return {}
-        if not isinstance(node, yaml.MappingNode):
-            self.fail(key, f"must be a mapping, not {_shown(node)}")
+        if not isinstance(value, yaml.MappingNode):
+            self.fail(key, f"must be a mapping, not {_shown(value)}")
             return {}
         result: dict[str, yaml.Node] = {}
-        for name_node, value in node.value:
+        for name_node, item in value.value:
             name = name_node.value if isinstance(name_node, yaml.ScalarNode) else str(name_node.value)
             where = key_path(key, name)
             if name in result:
                 self.fail(where, "set twice")
-            elif fields is not None and name not in fields:
-                self.fail(where, f"unknown key (known: {', '.join(sorted(fields))})")
+            elif allowed is not None and name not in allowed:
+                self.fail(where, f"unknown key (known: {', '.join(sorted(allowed))})")
             else:
-                result[name] = value
+                result[name] = item
         return result
 
-    def string(self, node: yaml.Node | None, key: str) -> str:
-        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
-            return ""
-        if not isinstance(node, yaml.ScalarNode):
-            self.fail(key, f"must be a string, not {_shown(node)}")
-            return ""
-        return node.value
 
-    def boolean(self, node: yaml.Node | None, key: str, default: bool) -> bool:
-        if node is None:
-            return default
-        if isinstance(node, yaml.ScalarNode) and node.tag == _NULL:
-            return False
-        if isinstance(node, yaml.ScalarNode) and node.tag == _BOOL:
-            return bool(yaml.SafeLoader.construct_yaml_bool(_CONSTRUCTOR, node))
-        self.fail(key, f"must be true or false, not {_shown(node)}")
-        return default
+def _null(node: Any) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == _NULL
 
-    def integer(self, node: yaml.Node | None, key: str) -> int:
-        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
-            return 0
-        if isinstance(node, yaml.ScalarNode) and node.tag == _INT:
-            return int(yaml.SafeLoader.construct_yaml_int(_CONSTRUCTOR, node))
-        if isinstance(node, yaml.ScalarNode) and node.tag == _FLOAT:
-            number = yaml.SafeLoader.construct_yaml_float(_CONSTRUCTOR, node)
-            if number == int(number):
-                return int(number)
-        self.fail(key, f"must be a whole number, not {_shown(node)}")
+
+def _go_string(node: Any) -> str:
+    if _null(node):
+        return ""
+    if not isinstance(node, yaml.ScalarNode):
+        raise ValueError(f"must be a string, not {_shown(node)}")
+    return str(node.value)
+
+
+def _go_bool(node: Any) -> bool:
+    if _null(node):
+        return False
+    if isinstance(node, yaml.ScalarNode) and node.tag == _BOOL:
+        return bool(yaml.SafeLoader.construct_yaml_bool(_CONSTRUCTOR, node))
+    raise ValueError(f"must be true or false, not {_shown(node)}")
+
+
+def _go_int(node: Any) -> int:
+    if _null(node):
         return 0
+    if isinstance(node, yaml.ScalarNode) and node.tag == _INT:
+        return int(yaml.SafeLoader.construct_yaml_int(_CONSTRUCTOR, node))
+    if isinstance(node, yaml.ScalarNode) and node.tag == _FLOAT:
+        number = yaml.SafeLoader.construct_yaml_float(_CONSTRUCTOR, node)
+        if number == int(number):
+            return int(number)
+    raise ValueError(f"must be a whole number, not {_shown(node)}")
 
-    def duration(self, node: yaml.Node | None, key: str) -> float:
-        """A Go duration (`1s`, `1m30s`, `250ms`) or a whole number of nanoseconds, as yaml.v2 reads one."""
-        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
-            return 0.0
-        if isinstance(node, yaml.ScalarNode) and node.tag == _INT:
-            return self.integer(node, key) * 1e-9
-        text = node.value if isinstance(node, yaml.ScalarNode) else ""
-        seconds = parse_go_duration(text)
-        if seconds is None:
-            self.fail(key, f"{text or _shown(node)!r} is not a duration (e.g. 1s, 500ms, 1m)")
-            return 0.0
-        return seconds
 
-    def strings(self, node: yaml.Node | None, key: str) -> list[str] | None:
-        if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
-            return None
-        if not isinstance(node, yaml.SequenceNode):
-            self.fail(key, f"must be a list, not {_shown(node)}")
-            return None
-        return [self.string(item, f"{key}[{i}]") for i, item in enumerate(node.value)]
+def _go_duration(node: Any) -> float:
+    """A Go duration (`1s`, `1m30s`, `250ms`) or a whole number of nanoseconds, as yaml.v2 reads one."""
+    if _null(node):
+        return 0.0
+    if isinstance(node, yaml.ScalarNode) and node.tag == _INT:
+        return _go_int(node) * 1e-9
+    text = node.value if isinstance(node, yaml.ScalarNode) else ""
+    seconds = parse_go_duration(text)
+    if seconds is None:
+        raise ValueError(f"{text or _shown(node)!r} is not a duration (e.g. 1s, 500ms, 1m)")
+    return seconds
+
+
+def _go_strings(node: Any) -> list[str] | None:
+    """A list of strings; null: not set (None)."""
+    if _null(node):
+        return None
+    if not isinstance(node, yaml.SequenceNode):
+        raise ValueError(f"must be a list, not {_shown(node)}")
+    values: list[str] = []
+    problems: list[tuple[int | str, str]] = []
+    for index, item in enumerate(node.value):
+        try:
+            values.append(_go_string(item))
+        except ValueError as err:
+            problems.append((index, str(err)))
+    if problems:
+        raise schema.Invalid(problems)
+    return values
+
+
+def _go_names(choices: Collection[str], what: str) -> schema.Kind[list[str]]:
+    """A list of names from `choices` (Go's names of suites, curves)."""
+
+    def parse(node: Any) -> list[str]:
+        values = _go_strings(node) or []
+        unknown = [v for v in values if v not in choices]
+        if unknown:
+            raise ValueError(f"unknown: {', '.join(unknown)} (known: {', '.join(sorted(choices))})")
+        return values
+
+    return schema.Kind(f"list of {what}", parse, ([sorted(choices)[0]], []), (["nonesuch"], "x", [[]]))
+
+
+def _go_choice(choices: Collection[str]) -> schema.Kind[str]:
+    """One of `choices`, written as a string."""
+
+    def parse(node: Any) -> str:
+        value = _go_string(node)
+        if value not in choices:
+            raise ValueError(f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+    return schema.Kind(" \\| ".join(f"`{c}`" for c in choices), parse, tuple(choices), ("nonesuch", []))
+
+
+GO_STRING = schema.Kind("string", _go_string, ("x", 1), ([], {"a": 1}))
+CLIENT_AUTH_TYPE = schema.Kind(" \\| ".join(f"`{c}`" for c in CLIENT_AUTH_TYPES), _go_string, (), ([],))
+GO_BOOL = schema.Kind("true \\| false", _go_bool, (True, False), ("x", [], 1))
+GO_INT = schema.Kind("integer", _go_int, (0, 10, -1), ("x", 1.5, []))
+GO_DURATION = schema.Kind("Go duration", _go_duration, ("1s", "500ms", "1m30s", 0), ("soon", "1d", []))
+GO_STRINGS = schema.Kind("list of strings", _go_strings, (["a.example"], []), ("x", [[]]))
+NODE = schema.Kind("mapping", lambda node: node, ({},), ())  # read by its own code: headers, users
 
 
 _CONSTRUCTOR = yaml.SafeLoader("")
@@ -241,19 +274,25 @@ def parse_go_duration(text: str) -> float | None:
 
 @dataclass
 class _TLSSettings:
-    cert: str = ""
-    key: str = ""
-    client_ca: str = ""
-    cert_file: str = ""
-    key_file: str = ""
-    client_auth_type: str = ""
-    client_ca_file: str = ""
-    cipher_suites: list[str] = field(default_factory=list)
-    curve_preferences: list[str] = field(default_factory=list)
-    min_version: str = "TLS12"
-    max_version: str = "TLS13"
-    prefer_server_cipher_suites: bool = True
-    client_allowed_sans: list[str] | None = None
+    cert: str = setting("", GO_STRING, "the server certificate, PEM (or cert_file)")
+    key: str = setting("", GO_STRING, "its private key, PEM (or key_file)")
+    client_ca: str = setting("", GO_STRING, "CA certificates of clients, PEM (or client_ca_file)")
+    cert_file: str = setting("", GO_STRING, "path of the server certificate (relative: to the web config)")
+    key_file: str = setting("", GO_STRING, "path of its private key")
+    client_auth_type: str = setting(  # checked after: a wrong name still turns TLS on, as in exporter-toolkit
+        "", CLIENT_AUTH_TYPE, "empty is NoClientCert; the two Require*ClientCert are refused"
+    )
+    client_ca_file: str = setting("", GO_STRING, "path of the clients' CA certificates")
+    cipher_suites: list[str] = setting(
+        [], _go_names({*CIPHER_SUITES, *TLS13_SUITES}, "Go's suite names"), "TLS 1.2 suites allowed"
+    )
+    curve_preferences: list[str] = setting([], _go_names(CURVES, "curves"), "the one curve of key exchange")
+    min_version: str = setting("TLS12", _go_choice(TLS_VERSIONS), "TLS10 and TLS11 are refused")
+    max_version: str = setting("TLS13", _go_choice(TLS_VERSIONS), "highest TLS version")
+    prefer_server_cipher_suites: bool = setting(True, GO_BOOL, "the server's order of suites wins")
+    client_allowed_sans: list[str] | None = setting(
+        None, GO_STRINGS, "client certificates must name one of these (needs a verifying client_auth_type)"
+    )
 
     def enabled(self) -> bool:
         """exporter-toolkit's TLSConfig.IsEnabled: any of these set turns TLS on (and then needs a pair)."""
@@ -262,36 +301,35 @@ class _TLSSettings:
         )
 
 
-def _read_tls(d: _Decoder, node: yaml.Node | None, base: str) -> _TLSSettings:
-    data = d.mapping(node, TLS_KEY, _TLS_FIELDS)
-    s = _TLSSettings()
-    for name in ("cert", "key", "client_ca", "cert_file", "key_file", "client_auth_type", "client_ca_file"):
-        if name in data:
-            setattr(s, name, d.string(data[name], f"{TLS_KEY}.{name}"))
+@dataclass
+class _HTTPSettings:
+    http2: bool = setting(True, GO_BOOL, "validated as Go's server does; volprobe answers HTTP/1.1 either way")
+    headers: Any = setting(None, NODE, "security headers of every response (exporter-toolkit's five)")
+
+
+@dataclass
+class _RateLimitSettings:
+    interval: float = setting(0.0, GO_DURATION, "one request per interval, beyond the burst; 0: no limit")
+    burst: int = setting(0, GO_INT, "requests allowed at once")
+
+
+@dataclass
+class WebDocument:
+    """The web config file, as exporter-toolkit reads it."""
+
+    tls_server_config: _TLSSettings = section(_TLSSettings, "TLS; on when a certificate, key or client auth is set")
+    http_server_config: _HTTPSettings = section(_HTTPSettings, "HTTP settings")
+    rate_limit: _RateLimitSettings = section(_RateLimitSettings, "requests beyond it are answered 429")
+    basic_auth_users: Any = setting(None, NODE, "user name: bcrypt hash of the password")
+
+
+def _read_tls(d: _Decoder, s: _TLSSettings, base: str) -> None:
+    if s.client_auth_type and s.client_auth_type not in CLIENT_AUTH_TYPES:
+        d.fail(f"{TLS_KEY}.client_auth_type", f"{s.client_auth_type!r} is not one of {', '.join(CLIENT_AUTH_TYPES)}")
     for name in ("cert_file", "key_file", "client_ca_file"):  # relative to the web config's directory
         value = getattr(s, name)
         if value and not os.path.isabs(value):
             setattr(s, name, os.path.join(base, value))
-    for name, choices in (("cipher_suites", {*CIPHER_SUITES, *TLS13_SUITES}), ("curve_preferences", CURVES)):
-        values = d.strings(data.get(name), f"{TLS_KEY}.{name}") or []
-        unknown = [v for v in values if v not in choices]
-        if unknown:
-            d.fail(f"{TLS_KEY}.{name}", f"unknown: {', '.join(unknown)} (known: {', '.join(sorted(choices))})")
-        setattr(s, name, [v for v in values if v in choices])
-    for name in ("min_version", "max_version"):
-        if name in data:
-            value = d.string(data[name], f"{TLS_KEY}.{name}")
-            if value in TLS_VERSIONS:
-                setattr(s, name, value)
-            else:
-                d.fail(f"{TLS_KEY}.{name}", f"{value!r} is not one of {', '.join(TLS_VERSIONS)}")
-    s.prefer_server_cipher_suites = d.boolean(
-        data.get("prefer_server_cipher_suites"), f"{TLS_KEY}.prefer_server_cipher_suites", True
-    )
-    s.client_allowed_sans = d.strings(data.get("client_allowed_sans"), f"{TLS_KEY}.client_allowed_sans")
-    if s.client_auth_type and s.client_auth_type not in CLIENT_AUTH_TYPES:
-        d.fail(f"{TLS_KEY}.client_auth_type", f"{s.client_auth_type!r} is not one of {', '.join(CLIENT_AUTH_TYPES)}")
-    return s
 
 
 def _pem(d: _Decoder, path: str, inline: str, key: str) -> bytes | None:
@@ -300,14 +338,14 @@ def _pem(d: _Decoder, path: str, inline: str, key: str) -> bytes | None:
         return inline.encode()
     try:
         with open(path, "rb") as f:
-            d.read.append(file_stamp(path, os.fstat(f.fileno())))
+            d.read_files.append(file_stamp(path, os.fstat(f.fileno())))
             return f.read()
     except OSError as err:
         d.fail(f"{TLS_KEY}.{key}", f"cannot read {path}: {err.strerror}")
         return None
 
 
-def file_stamp(path: str, st: os.stat_result | None = None) -> tuple:
+def file_stamp(path: str, st: os.stat_result | None = None) -> tuple[Any, ...]:
     """What tells a changed file: modification time, size and inode (a renewal renamed into place counts)."""
     if st is None:
         try:
@@ -352,6 +390,12 @@ def _python_limits(d: _Decoder, s: _TLSSettings) -> None:
             f"{TLS_KEY}.curve_preferences",
             "Python's ssl can restrict key exchange to one curve only; list one of " + ", ".join(s.curve_preferences),
         )
+    elif s.curve_preferences and not curve_settable(s.curve_preferences[0]):
+        d.fail(
+            f"{TLS_KEY}.curve_preferences",
+            f"{s.curve_preferences[0]} cannot be set with this Python's ssl (Python {platform.python_version()}, "
+            f"{ssl.OPENSSL_VERSION}); list another curve, or run volprobe on a Python whose ssl sets it",
+        )
     for name in ("min_version", "max_version"):
         if TLS_VERSIONS[getattr(s, name)] < ssl.TLSVersion.TLSv1_2:
             d.fail(f"{TLS_KEY}.{name}", f"{getattr(s, name)}: OpenSSL 3 does not negotiate TLS below 1.2 here")
@@ -359,6 +403,17 @@ def _python_limits(d: _Decoder, s: _TLSSettings) -> None:
         d.fail(f"{TLS_KEY}.min_version", f"{s.min_version} is above max_version {s.max_version}")
     if s.cipher_suites and not any(c in CIPHER_SUITES for c in s.cipher_suites) and s.max_version != "TLS13":
         d.fail(f"{TLS_KEY}.cipher_suites", "only TLS 1.3 names, and max_version below TLS13: no handshake could work")
+
+
+@functools.cache
+def curve_settable(curve: str) -> bool:
+    """Whether this interpreter's ssl can restrict key exchange to the curve. Older builds (Debian 12's python3,
+    3.11.2) set it through OpenSSL's EC_KEY, which has no X25519: asked of ssl itself, not guessed by version."""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).set_ecdh_curve(CURVES[curve])
+    except (ssl.SSLError, ValueError):
+        return False
+    return True
 
 
 def _context(d: _Decoder, s: _TLSSettings, http2: bool) -> tuple[ssl.SSLContext | None, tuple[str, ...]]:
@@ -431,22 +486,27 @@ def _load_client_cas(context: ssl.SSLContext, pem: bytes) -> None:
 
 def _read_headers(d: _Decoder, node: yaml.Node | None) -> dict[str, str]:
     key = "http_server_config.headers"
-    headers = {name: d.string(value, key_path(key, name)) for name, value in d.mapping(node, key).items()}
+    headers: dict[str, str] = {}
+    for name, value in d.mapping(node, key, None).items():
+        ok, text = d.value(GO_STRING, value, key_path(key, name))
+        headers[name] = text if ok and text is not None else ""
     for name, value in headers.items():
         if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value) or not value.isascii():
             # A CR or LF would split the response; a character beyond ASCII would fail every response.
             d.fail(key_path(key, name), "must be printable ASCII (no control characters, no line breaks)")
         elif name not in HEADERS:
             d.fail(key_path(key, name), f"cannot be configured (allowed: {', '.join(HEADERS)})")
-        elif HEADERS[name] is not None and value not in HEADERS[name]:
-            d.fail(key_path(key, name), f"{value!r} is not one of {', '.join(HEADERS[name])}")
+        elif (allowed := HEADERS[name]) is not None and value not in allowed:
+            d.fail(key_path(key, name), f"{value!r} is not one of {', '.join(allowed)}")
     return headers
 
 
 def _read_users(d: _Decoder, node: yaml.Node | None) -> dict[str, bytes]:
     users = {}
-    for name, value in d.mapping(node, "basic_auth_users").items():
-        hashed = d.string(value, key_path("basic_auth_users", name))
+    for name, value in d.mapping(node, "basic_auth_users", None).items():
+        ok, hashed = d.value(GO_STRING, value, key_path("basic_auth_users", name))
+        if not ok or hashed is None:
+            continue
         match = _BCRYPT.match(hashed)
         if not match or not 4 <= int(match.group(1)) <= 31:
             d.fail(
@@ -465,21 +525,20 @@ def parse(text: str, base: str = ".") -> WebConfig:
         document = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as err:
         raise ConfigError([f"web config: not valid YAML: {err}"]) from None
-    top = d.mapping(document, "web config", {TLS_KEY, "http_server_config", "rate_limit", "basic_auth_users"})
-    settings = _read_tls(d, top.get(TLS_KEY), base)
-    http = d.mapping(top.get("http_server_config"), "http_server_config", {"http2", "headers"})
-    http2 = d.boolean(http.get("http2"), "http_server_config.http2", True)
-    headers = _read_headers(d, http.get("headers"))
-    limit = d.mapping(top.get("rate_limit"), "rate_limit", {"interval", "burst"})
-    interval = d.duration(limit.get("interval"), "rate_limit.interval")
-    burst = d.integer(limit.get("burst"), "rate_limit.burst")
-    users = _read_users(d, top.get("basic_auth_users"))
-    context, files = None, ()
+    web = d.build(WebDocument, document, "", named="web config")
+    settings = web.tls_server_config
+    _read_tls(d, settings, base)
+    http2 = web.http_server_config.http2
+    headers = _read_headers(d, web.http_server_config.headers)
+    interval, burst = web.rate_limit.interval, web.rate_limit.burst
+    users = _read_users(d, web.basic_auth_users)
+    context: ssl.SSLContext | None = None
+    files: tuple[str, ...] = ()
     if settings.enabled():
         context, files = _context(d, settings, http2)
     if d.problems:
         raise ConfigError(d.problems)
-    tls_node = top.get(TLS_KEY)
+    tls_node = d.mapping(document, "web config", None).get(TLS_KEY)
     if not settings.enabled() and isinstance(tls_node, yaml.MappingNode) and tls_node.value:
         log.warning("web config: tls_server_config has no certificate, key or client auth type: TLS is off")
     rate_limit = RateLimit(interval, burst) if interval != 0 else None
@@ -494,7 +553,7 @@ def parse(text: str, base: str = ".") -> WebConfig:
         http2=http2,
         rate_limit=rate_limit,
         files=files,
-        stamps=tuple(d.read),
+        stamps=tuple(d.read_files),
     )
 
 
@@ -556,7 +615,7 @@ class WebConfigWatcher:
     def __init__(self, path: str | None) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._stamp: tuple | None = None
+        self._stamp: tuple[tuple[Any, ...], ...] | None = None
         self._config = WebConfig()
         self._auth_cache: dict[tuple[str, bytes], bool] = {}
         self._bcrypt = threading.Lock()  # one bcrypt at a time, as exporter-toolkit: bad passwords cannot take
@@ -570,7 +629,7 @@ class WebConfigWatcher:
         self.last_reload_success_time = time.time()  # the load at start-up (or, with no file, the defaults)
 
     @staticmethod
-    def _now(stamps: tuple[tuple, ...]) -> tuple[tuple, ...]:
+    def _now(stamps: tuple[tuple[Any, ...], ...]) -> tuple[tuple[Any, ...], ...]:
         return tuple(file_stamp(stamp[0]) for stamp in stamps)
 
     def current(self) -> WebConfig:

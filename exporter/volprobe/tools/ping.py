@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from .. import ops, targets, units
+from .. import ops, schema, targets, units
 from ..command import add_path_flags as _add_path_flags
 from ..command import host_from as _host
 from ..command import report as _report
@@ -56,11 +56,11 @@ def run_ping(argv: Sequence[str]) -> int:
     setup_logging("warning")
     kind = ops.WRITE if args.write else ops.get(args.op)
     try:
-        interval = units.parse_duration(args.interval)
-        block_size = units.parse_size(args.block_size) if args.block_size else 0
-        file_size = units.parse_size(args.probe_file_size)
+        interval = schema.flag(schema.POSITIVE_DURATION, args.interval, "--interval")
+        block_size = schema.flag(schema.POSITIVE_SIZE, args.block_size, "--block-size") if args.block_size else 0
+        file_size = schema.flag(schema.POSITIVE_SIZE, args.probe_file_size, "--probe-file-size")
     except ValueError as err:
-        return _report(ConfigError([str(err)]))
+        return _report(ConfigError([f"ping: {err}"]))
     is_dir = os.path.isdir(args.path)
     probe = ProbeConfig(kind.name, block_size, interval, sync=not args.no_sync, jitter=0.0, revisit=0.0, key="ping")
     target = TargetConfig(

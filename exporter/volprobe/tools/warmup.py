@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
-from .. import targets, units, warmup
+from .. import schema, targets, units, warmup
 from ..command import add_path_flags, host_from, report
 from ..config import Config, ConfigError, TargetConfig, WarmupConfig
 from ..logs import setup_logging
@@ -42,17 +42,16 @@ def run_warmup(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     setup_logging("warning")
     try:
-        rate = units.parse_size(args.rate) if args.rate else None
-        block_size = units.parse_size(args.block_size)
-        interval = units.parse_duration(args.checkpoint_interval)
-        if args.jobs < 1:
-            raise ValueError("--jobs must be at least 1")
+        rate = schema.flag(schema.POSITIVE_SIZE, args.rate, "--rate") if args.rate else None
+        block_size = schema.flag(schema.POSITIVE_SIZE, args.block_size, "--block-size")
+        interval = schema.flag(schema.POSITIVE_DURATION, args.checkpoint_interval, "--checkpoint-interval")
+        jobs = schema.flag(schema.POSITIVE_INT, args.jobs, "--jobs")
     except ValueError as err:
         return report(ConfigError([f"warmup: {err}"]))
     spec = WarmupConfig(
         mode="write" if args.write else "read",
         rate=rate,
-        jobs=args.jobs,
+        jobs=jobs,
         block_size=block_size,
         idle_priority=not args.no_idle_priority,
     )
