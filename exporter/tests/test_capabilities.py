@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import run, sample_value, write_config
+from .support.harness import run, sample_value, write_config
 
 SHIM = Path(__file__).parent / "noioprio" / "noioprio.c"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MIB, free_loop, run
+from .support.harness import MIB, free_loop, run
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MIB, run, sample_value
+from .support.harness import MIB, run, sample_value
 
 pytestmark = pytest.mark.root
 

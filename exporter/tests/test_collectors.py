@@ -11,7 +11,7 @@ import pytest
 from volprobe import collectors, config, metrics, stats
 from volprobe.collectors import probe as probe_collector
 
-from .harness import MIB, volprobe_command
+from .support.harness import MIB, volprobe_command
 
 
 def test_every_collector_is_registered_with_its_flag():

@@ -30,8 +30,8 @@ from volprobe.mixin import MixinConfig
 from volprobe.mixin.rules import bucket_rate, long_window_rules, recorded, recording_rules
 from volprobe.stats import DEFAULT_BUCKETS, RELATIVE_ERROR
 
-from .harness import MIB, REPO, Samples, run, volprobe_command
-from .harness import start_prometheus as start_backfilled
+from .support.harness import MIB, REPO, Samples, run, volprobe_command
+from .support.harness import start_prometheus as start_backfilled
 
 DAY = 86400
 STEP = 300  # seconds between the generated samples (a probe every second in between)

@@ -9,7 +9,7 @@ import urllib.error
 
 import pytest
 
-from .harness import REPO, free_port, volprobe_command, write_config
+from .support.harness import REPO, free_port, volprobe_command, write_config
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .harness import REPO, volprobe_command
+from .support.harness import REPO, volprobe_command
 
 BASE = REPO / "deploy" / "kubernetes" / "base"
 CORE = ["serviceaccount.yaml", "configmap.yaml", "daemonset.yaml", "service.yaml", "grafana-dashboards.yaml"]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from . import harness
-from .harness import MIB, sample_value
+from .support import harness
+from .support.harness import MIB, sample_value
 
 FIRST_LOOP = 300
 CHUNK = 64 * 1024  # the lab's coverage unit

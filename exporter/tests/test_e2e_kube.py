@@ -15,8 +15,8 @@ import pytest
 from volprobe import mixin
 from volprobe.mixin import dashboards, rules
 
-from .harness import MIB, PROMETHEUS_VERSIONS, run, write_config
-from .test_mixin import SUBSTITUTIONS, substitute
+from .support.dashboards import SUBSTITUTIONS, substitute
+from .support.harness import MIB, PROMETHEUS_VERSIONS, run, write_config
 
 pytestmark = pytest.mark.root
 

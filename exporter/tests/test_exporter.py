@@ -15,7 +15,7 @@ import pytest
 from volprobe import probefile
 from volprobe.config import PROBE_FILE_NAME
 
-from .harness import (
+from .support.harness import (
     MIB,
     attach_loop,
     probes_done,

@@ -9,7 +9,7 @@ import pytest
 
 from volprobe.stats import RELATIVE_ERROR
 
-from .harness import MIB, probes_done, sample_value, write_config
+from .support.harness import MIB, probes_done, sample_value, write_config
 
 pytestmark = pytest.mark.root
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MIB, probes_done, run, sample_value, volprobe_command, write_config
+from .support.harness import MIB, probes_done, run, sample_value, volprobe_command, write_config
 
 pytestmark = pytest.mark.root
 

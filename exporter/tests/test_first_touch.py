@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import MIB, sample_value
+from .support.harness import MIB, sample_value
 
 pytestmark = pytest.mark.root
 

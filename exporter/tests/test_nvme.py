@@ -14,9 +14,10 @@ import pytest
 
 from volprobe import nvme
 
-from .harness import MIB, REPO, sample_value
-from .nvme_pages import counters_page, page
-from .test_mixin import panels
+from .support.dashboards import panels, substitute
+from .support.harness import MIB, REPO, sample_value
+from .support.nvme_pages import counters_page, page
+from .support.rules import firing, start_with_rules
 
 
 def test_each_field_is_read_from_its_offset_in_base_units():
@@ -114,9 +115,6 @@ def test_provider_statistics_metrics_throttle_verdict_and_alert_on_a_real_promet
     firing on a real Prometheus with the shipped rules; the Volume dashboard's provider panels with data; and
     the foreign device said once in the log, not at every read."""
     import threading
-
-    from .test_e2e import firing, start_with_rules
-    from .test_mixin import substitute
 
     ebs, other = make_loop(16 * MIB, name="ebs"), make_loop(16 * MIB, name="other")
     ebs_name, other_name = ebs.rsplit("/", 1)[1], other.rsplit("/", 1)[1]

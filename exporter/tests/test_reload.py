@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MIB, attach_loop, probes_done, run, sample_value
+from .support.harness import MIB, attach_loop, probes_done, run, sample_value
 
 pytestmark = pytest.mark.root
 

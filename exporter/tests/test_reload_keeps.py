@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from .harness import MIB, parse_metrics, probes_done, sample_value, volprobe_command
+from .support.harness import MIB, parse_metrics, probes_done, sample_value, volprobe_command
 
 pytestmark = pytest.mark.root
 

@@ -25,7 +25,7 @@ from volprobe import state, warmup
 from volprobe.discovery import BlockDevice, Host
 from volprobe.probe import OffsetPicker
 
-from .harness import MIB, run, sample_value
+from .support.harness import MIB, run, sample_value
 
 LOOP = BlockDevice("loop3", 7, 3, "loop", "/dev/loop3", 64 * MIB, 512, 512)
 EBS = BlockDevice("nvme1n1", 259, 0, "disk", "/dev/nvme1n1", 64 * MIB, 512, 512, serial="vol0abc", volume_id="vol-0abc")

@@ -22,7 +22,7 @@ from volprobe.runtime.warmups import WarmupManager, _Entry
 from volprobe.state import StateStore
 from volprobe.stats import ProbeStats
 
-from .harness import MIB
+from .support.harness import MIB
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "") -> float:

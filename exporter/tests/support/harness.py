@@ -1,0 +1,412 @@
+"""The one test harness, shared by the tests and the benchmarks: commands, free ports, block devices, the real
+exporter and a real Prometheus, and reading an exposition.
+
+Plain functions and context managers: exporter/tests/conftest.py wraps them in fixtures, the tests import them
+as `from .support.harness import ...`, and bench/benchlib.py as `from tests.support import harness` (with
+`exporter` and `deploy` on the path, as pyproject.toml's pytest `pythonpath` puts them). The device context
+managers need root; everything else does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import pytest
+from lab import lab
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[3]
+FIXTURES = REPO / "exporter" / "tests" / "fixtures"
+MIB = 1024 * 1024
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+# -- commands -------------------------------------------------------------------------------------------
+
+
+def run(*cmd: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run a command to completion; raises CalledProcessError on a non-zero exit, output captured as text."""
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kwargs)
+
+
+def have(tool: str) -> bool:
+    return shutil.which(tool) is not None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def volprobe_command(*args: str) -> list[str]:
+    """The command line of `volprobe ARGS` with this interpreter (the venv the tests run in)."""
+    return [sys.executable, "-m", "volprobe", *args]
+
+
+def write_config(directory: Path, text: str, name: str = "volprobe.yml") -> str:
+    """Write a configuration file into `directory` and return its path."""
+    path = Path(directory) / name
+    path.write_text(text)
+    return str(path)
+
+
+def sha256_of(path: str, length: int | None = None) -> str:
+    """SHA-256 of a file or device, or of its first `length` bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        remaining = length
+        while remaining is None or remaining > 0:
+            chunk = f.read(MIB if remaining is None else min(MIB, remaining))
+            if not chunk:
+                break
+            digest.update(chunk)
+            if remaining is not None:
+                remaining -= len(chunk)
+    return digest.hexdigest()
+
+
+def stop_fio(process: subprocess.Popen) -> None:
+    """Stop a fio run started with start_new_session=True: SIGTERM to its process group. fio forks its jobs;
+    killing the parent alone would leave them running, loading later tests, until their device goes away."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)
+
+
+# -- block devices (root) ------------------------------------------------------------------------------
+
+
+def attach_loop(options: list[str], backing: str | Path) -> str:
+    """Attach `backing` to a free loop device (the lowest, or from $VOLPROBE_TEST_FIRST_LOOP: lab.free_loop)."""
+    return lab.attach_loop(options, backing)
+
+
+def free_loop() -> str:
+    """The name the next attach would take, for tests that attach a device by name later."""
+    return lab.free_loop()
+
+
+@contextlib.contextmanager
+def loop_device(
+    backing: str | Path, size: int = 64 * MIB, direct_io: bool = True, sector_size: int | None = None
+) -> Iterator[str]:
+    """/dev/loopN over `backing`, made (or cut) to a sparse file of `size` bytes; detached on exit."""
+    with open(backing, "r+b" if Path(backing).exists() else "wb") as f:
+        f.truncate(size)
+    options = ["--direct-io=on" if direct_io else "--direct-io=off"]
+    if sector_size:
+        options += ["--sector-size", str(sector_size)]
+    device = attach_loop(options, backing)
+    try:
+        yield device
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            run("losetup", "--detach", device)
+
+
+@contextlib.contextmanager
+def zram(size: int = 256 * MIB) -> Iterator[str]:
+    """A fresh, blank zram device (RAM-backed: microsecond latency); reset and removed on exit."""
+    number = Path("/sys/class/zram-control/hot_add").read_text().strip()
+    try:
+        Path(f"/sys/block/zram{number}/disksize").write_text(str(size))
+        yield f"/dev/zram{number}"
+    finally:
+        with contextlib.suppress(OSError):
+            Path(f"/sys/block/zram{number}/reset").write_text("1")
+        with contextlib.suppress(OSError):
+            Path("/sys/class/zram-control/hot_remove").write_text(number)
+
+
+@contextlib.contextmanager
+def mounted_fs(device: str, point: str | Path, fstype: str = "ext4") -> Iterator[str]:
+    """A fresh `fstype` filesystem made on `device` and mounted on `point` (created); unmounted on exit."""
+    run(f"mkfs.{fstype}", *(["-q", "-F"] if fstype.startswith("ext") else ["-f"]), device)
+    Path(point).mkdir(parents=True, exist_ok=True)
+    run("mount", device, str(point))
+    try:
+        yield str(point)
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            run("umount", str(point))
+
+
+@contextlib.contextmanager
+def lab_device(name: str, **settings) -> Iterator[lab.Volume]:
+    """A lab volume (deploy/lab: nbdkit -> nbdfuse -> loop) by name, torn down on exit."""
+    volume = lab.up(name, **settings)
+    try:
+        yield volume
+    finally:
+        lab.down(name)
+
+
+# -- the exposition ---------------------------------------------------------------------------------------
+
+
+def parse_metrics(text: str) -> Samples:
+    """{sample name: [(labels, value)]} of an exposition text."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return samples
+
+
+def probes_done(samples: Samples, target: str, op: str = "read") -> float:
+    """Probes a target's `op` completed, all touches together (the latency histogram's count)."""
+    return sum(
+        v
+        for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
+        if labels["target"] == target and labels["op"] == op
+    )
+
+
+def sample_value(samples: Samples, name: str, **labels: str) -> float | None:
+    """The value of the first sample `name` whose labels include `labels`, or None."""
+    for found, value in samples.get(name, []):
+        if all(found.get(k) == v for k, v in labels.items()):
+            return value
+    return None
+
+
+# -- the exporter ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunningExporter:
+    """A `volprobe` process serving on a loopback port."""
+
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+    log_file: IO[str] | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def get(self, path: str = "/metrics", timeout: float = 5.0) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
+            return response.read().decode()
+
+    def metrics(self) -> Samples:
+        return parse_metrics(self.get())
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sum of the samples `name` whose labels include `labels` (0 if none)."""
+        return sum(
+            value for found, value in self.metrics().get(name, []) if all(found.get(k) == v for k, v in labels.items())
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_for(self, predicate: Callable[[Samples], bool], timeout: float = 30.0, what: str = "condition") -> Samples:
+        deadline = time.monotonic() + timeout
+        samples: Samples = {}
+        while time.monotonic() < deadline:
+            samples = self.metrics()
+            if predicate(samples):
+                return samples
+            time.sleep(0.25)
+        raise AssertionError(f"timed out waiting for {what}; log:\n{self.log()[-3000:]}")
+
+    def reload(self, config: Path, text: str) -> None:
+        """Write `text` to the config file, send SIGHUP and wait until the log says it was applied."""
+        reloads, rejections = self.log().count("configuration reloaded"), self.log().count("rejected")
+        config.write_text(text)
+        self.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while self.log().count("configuration reloaded") == reloads:
+            assert self.log().count("rejected") == rejections, self.log()[-2000:]
+            assert time.monotonic() < deadline, f"no reload in the log:\n{self.log()[-2000:]}"
+            time.sleep(0.05)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the process so far."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_bytes(self) -> tuple[int, int]:
+        """(resident memory now, peak resident memory) of the process."""
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
+        peak = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+        return rss, peak
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM, and the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        finally:
+            self.close_log()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.close_log()
+
+    def close_log(self) -> None:
+        if self.log_file is not None and self.process.poll() is not None:
+            self.log_file.close()
+
+
+def start_volprobe(
+    *args: str,
+    log_path: Path,
+    ready_timeout: float = 30.0,
+    tls: bool = False,
+    env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
+) -> RunningExporter:
+    """Run `volprobe ARGS` on a free loopback port (output to `log_path`) until /-/ready answers; with tls,
+    until the port accepts connections (readiness over plain HTTP is not possible). `env` adds to the
+    environment; `prefix` runs the command under another (setpriv, say)."""
+    port = free_port()
+    log_file = open(log_path, "w")  # noqa: SIM115 - closed by stop() or kill()
+    process = subprocess.Popen(
+        [*prefix, *volprobe_command("--web.listen-address", f"127.0.0.1:{port}", *args)],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+    exporter = RunningExporter(process, port, Path(log_path), log_file)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            exporter.close_log()
+            raise AssertionError(f"exporter exited with {process.returncode}:\n{exporter.log()}")
+        with contextlib.suppress(OSError):
+            if tls:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            else:
+                exporter.get("/-/ready", timeout=1)
+            return exporter
+        time.sleep(0.1)
+    exporter.kill()
+    raise AssertionError(f"exporter not ready:\n{exporter.log()}")
+
+
+# -- Prometheus ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunningPrometheus:
+    """Debian's `prometheus` serving on a loopback port."""
+
+    process: subprocess.Popen
+    port: int
+    log_path: Path
+
+    def api(self, path: str, **params: str) -> object:
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list:
+        return self.api("query", query=expr)["result"]
+
+    def alerts(self) -> list[dict]:
+        return self.api("alerts")["alerts"]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+
+
+# Prometheus 2.42 is Debian's; 3.x is built from Go's module proxy by .ci/run into a cache outside the checkout.
+PROMETHEUS_3 = Path(os.environ.get("VOLPROBE_PROMETHEUS_3", "/var/cache/volprobe-ci/prometheus-v0.316.0"))
+PROMETHEUS_VERSIONS = ("2", "3")
+
+
+def prometheus_tool(name: str, version: str = "2") -> str:
+    """The `prometheus` or `promtool` command of Prometheus `version` ("2" or "3"); skips the test when 3 was not
+    built (.ci/run always builds it)."""
+    if version == "2":
+        return name
+    tool = PROMETHEUS_3 / name
+    if not os.access(tool, os.X_OK):
+        pytest.skip(f"Prometheus 3 is not built at {PROMETHEUS_3} (.ci/run builds it)")
+    return str(tool)
+
+
+def start_prometheus(
+    config_text: str,
+    directory: Path,
+    ready_timeout: float = 60.0,
+    web_config: Path | None = None,
+    ready: Callable[[int], None] | None = None,
+    args: tuple[str, ...] = (),
+    version: str = "2",
+) -> RunningPrometheus:
+    """Run prometheus with `config_text` and its data in `directory`/data (made here, or backfilled before) until
+    /-/ready answers (`ready(port)` raises until it does, for a server behind `web_config`'s TLS or auth); `args`
+    adds to its command line."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "prometheus.yml").write_text(config_text)
+    port = free_port()
+    log_path = directory / "log"
+    extra = [f"--web.config.file={web_config}"] if web_config else []
+    with open(log_path, "w") as log_file:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            [
+                prometheus_tool("prometheus", version),
+                f"--config.file={directory / 'prometheus.yml'}",
+                f"--storage.tsdb.path={directory / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                *extra,
+                *args,
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    server = RunningPrometheus(process, port, log_path)
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"prometheus exited:\n{log_path.read_text()}")
+        with contextlib.suppress(OSError):
+            if ready is not None:
+                ready(port)
+            else:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1).read()
+            return server
+        time.sleep(0.2)
+    server.stop()
+    raise AssertionError(f"prometheus not ready:\n{log_path.read_text()}")
