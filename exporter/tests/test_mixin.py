@@ -138,7 +138,7 @@ def test_regeneration_is_one_command(tmp_path):
     config.write_text("dashboard_uid_prefix: acme\n")
     result = subprocess.run(
         [
-            str(REPO / ".venv" / "bin" / "python"),
+            sys.executable,
             "-m",
             "volprobe.mixin",
             "--config",
