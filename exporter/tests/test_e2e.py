@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from .support.dashboards import panels, substitute
-from .support.harness import MIB, PROMETHEUS_VERSIONS, REPO, stop_fio
+from .support.harness import MIB, PROMETHEUS_VERSIONS, REPO, probes_done, stop_fio
 from .support.nvme_pages import counters_page
 from .support.rules import firing, start_with_rules
 
@@ -59,10 +59,7 @@ targets:
     prometheus = start_with_rules(start_prometheus, tmp_path, exporter.port, "2s", version)
     # The detector learns the unloaded latency from the probes: let them see the capped volume idle first.
     exporter.wait_for(
-        lambda s: (
-            sum(v for labels, v in s.get("volprobe_probe_latency_seconds_count", []) if labels["target"] == "capped")
-            >= 12
-        ),
+        lambda s: probes_done(s, "capped") >= 12,
         what="probes of the idle capped volume",
     )
     load = subprocess.Popen(

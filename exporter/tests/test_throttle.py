@@ -8,19 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from .support.harness import MIB, sample_value, stop_fio
+from .support.harness import MIB, Samples, recent_probes, sample_value, stop_fio
 from .support.throttle import NOT_THROTTLED, device_of, fio_load, qd1_writer, run_bursts
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]  # each test loads devices for over a minute
 
 
-def probes_ready(samples, names: list[str], count: int = 12) -> bool:
-    done = {
-        labels["target"]: v
-        for labels, v in samples.get("volprobe_probe_latency_recent_seconds_count", [])
-        if labels["touch"] == "first"
-    }
-    return all(done.get(name, 0) >= count for name in names)
+def probes_ready(samples: Samples, names: list[str], count: int = 12) -> bool:
+    return all(recent_probes(samples, name, "first") >= count for name in names)
 
 
 def start(tmp_path: Path, start_exporter, volumes: dict[str, object]):

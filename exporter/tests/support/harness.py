@@ -56,6 +56,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "", every: float = 0.005) -> float:
+    """Poll `condition` every `every` seconds until it holds; the monotonic time it was first seen to hold."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
+        time.sleep(every)
+    return time.monotonic()
+
+
 def volprobe_command(*args: str) -> list[str]:
     """The command line of `volprobe ARGS` with this interpreter (the venv the tests run in)."""
     return [sys.executable, "-m", "volprobe", *args]
@@ -182,6 +191,16 @@ def probes_done(samples: Samples, target: str, op: str = "read") -> float:
         v
         for labels, v in samples.get("volprobe_probe_latency_seconds_count", [])
         if labels["target"] == target and labels["op"] == op
+    )
+
+
+def recent_probes(samples: Samples, target: str, touch: str, op: str | None = None) -> float:
+    """Probes of a target's `op` (or of all its ops) with `touch` ("first" or "repeat") in the recent window (the
+    recent-latency summary's count)."""
+    return sum(
+        v
+        for labels, v in samples.get("volprobe_probe_latency_recent_seconds_count", [])
+        if labels["target"] == target and labels["touch"] == touch and op in (None, labels["op"])
     )
 
 
