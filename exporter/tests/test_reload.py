@@ -71,8 +71,7 @@ def test_a_bad_new_config_is_rejected_and_the_old_one_kept(tmp_path, make_loop, 
         time.sleep(0.1)
     assert "targets[0].probes[0].intervall: unknown key" in exporter.log()
     before = probes_done(exporter.metrics(), "a")
-    time.sleep(1)
-    assert probes_done(exporter.metrics(), "a") > before + 5, "the running configuration keeps probing"
+    exporter.wait_for(lambda s: probes_done(s, "a") > before + 5, what="the running configuration to keep probing")
     assert exporter.process.poll() is None
     assert exporter.stop() == 0
 

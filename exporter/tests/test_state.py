@@ -196,8 +196,7 @@ def test_a_corrupt_then_unwritable_state_directory_leaves_the_exporter_serving(t
             what="the state to be reported unwritable",
         )
         count = recent_probes(samples, "a", "first")
-        time.sleep(1)
-        assert recent_probes(exporter.metrics(), "a", "first") > count, "probing goes on"
+        exporter.wait_for(lambda s: recent_probes(s, "a", "first") > count, what="probing to go on")
         # Offsets are picked a batch (here 5 s of probes) ahead: the warning comes with the next batch.
         exporter.wait_for(
             lambda _: "fresh offsets cannot be reserved in the state directory" in exporter.log(),
