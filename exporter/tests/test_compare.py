@@ -32,6 +32,7 @@ from volprobe.stats import DEFAULT_BUCKETS, RELATIVE_ERROR
 
 from .support.harness import MIB, REPO, Samples, run, volprobe_command
 from .support.harness import start_prometheus as start_backfilled
+from .support.pki import make_pki
 
 DAY = 86400
 STEP = 300  # seconds between the generated samples (a probe every second in between)
@@ -264,15 +265,7 @@ def test_a_server_behind_tls_and_basic_auth(prometheus, tmp_path):
     front would be: --ca-file, --username and --password-file reach it; without them it is an error (2)."""
     pki = tmp_path / "pki"
     pki.mkdir()
-    (pki / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    for command in (
-        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
-         "-subj", "/CN=compare test CA"],
-        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=prom"],
-        ["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
-         "server.crt", "-days", "1", "-extfile", "san.ext"],
-    ):  # fmt: skip
-        run("openssl", *command, cwd=pki)
+    make_pki(pki)
     password = "compare-secret"
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=6)).decode()
     web = tmp_path / "web.yml"
