@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 from lab import lab
@@ -41,7 +41,7 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 # -- commands -------------------------------------------------------------------------------------------
 
 
-def run(*cmd: str, **kwargs) -> subprocess.CompletedProcess:
+def run(*cmd: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """Run a command to completion; raises CalledProcessError on a non-zero exit, output captured as text."""
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kwargs)
 
@@ -53,7 +53,8 @@ def have(tool: str) -> bool:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "", every: float = 0.005) -> float:
@@ -92,7 +93,7 @@ def sha256_of(path: str, length: int | None = None) -> str:
     return digest.hexdigest()
 
 
-def stop_fio(process: subprocess.Popen) -> None:
+def stop_fio(process: subprocess.Popen[bytes]) -> None:
     """Stop a fio run started with start_new_session=True: SIGTERM to its process group. fio forks its jobs;
     killing the parent alone would leave them running, loading later tests, until their device goes away."""
     if process.poll() is None:
@@ -164,7 +165,7 @@ def mounted_fs(device: str, point: str | Path, fstype: str = "ext4") -> Iterator
 
 
 @contextlib.contextmanager
-def lab_device(name: str, **settings) -> Iterator[lab.Volume]:
+def lab_device(name: str, **settings: Any) -> Iterator[lab.Volume]:
     """A lab volume (deploy/lab: nbdkit -> nbdfuse -> loop) by name, torn down on exit."""
     volume = lab.up(name, **settings)
     try:
@@ -219,7 +220,7 @@ def sample_value(samples: Samples, name: str, **labels: str) -> float | None:
 class RunningExporter:
     """A `volprobe` process serving on a loopback port."""
 
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     port: int
     log_path: Path
     log_file: IO[str] | None = field(default=None, repr=False)
@@ -230,7 +231,8 @@ class RunningExporter:
 
     def get(self, path: str = "/metrics", timeout: float = 5.0) -> str:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
-            return response.read().decode()
+            body: bytes = response.read()
+            return body.decode()
 
     def metrics(self) -> Samples:
         return parse_metrics(self.get())
@@ -273,8 +275,7 @@ class RunningExporter:
     def rss_bytes(self) -> tuple[int, int]:
         """(resident memory now, peak resident memory) of the process."""
         status = Path(f"/proc/{self.process.pid}/status").read_text()
-        rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
-        peak = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+        rss, peak = (int(re.findall(rf"{key}:\s+(\d+) kB", status)[0]) * 1024 for key in ("VmRSS", "VmHWM"))
         return rss, peak
 
     def stop(self, timeout: float = 15.0) -> int:
@@ -341,11 +342,11 @@ def start_volprobe(
 class RunningPrometheus:
     """Debian's `prometheus` serving on a loopback port."""
 
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     port: int
     log_path: Path
 
-    def api(self, path: str, **params: str) -> object:
+    def api(self, path: str, **params: str) -> Any:
         url = f"http://127.0.0.1:{self.port}/api/v1/{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
@@ -354,11 +355,13 @@ class RunningPrometheus:
         assert body["status"] == "success", body
         return body["data"]
 
-    def query(self, expr: str) -> list:
-        return self.api("query", query=expr)["result"]
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.api("query", query=expr)["result"]
+        return result
 
-    def alerts(self) -> list[dict]:
-        return self.api("alerts")["alerts"]
+    def alerts(self) -> list[dict[str, Any]]:
+        alerts: list[dict[str, Any]] = self.api("alerts")["alerts"]
+        return alerts
 
     def stop(self) -> None:
         self.process.terminate()
