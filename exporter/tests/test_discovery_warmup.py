@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from lab import lab
 
 from .support import harness
 from .support.harness import MIB, probes_done, sample_value, wait_until
@@ -131,7 +132,7 @@ def test_a_volume_that_vanishes_mid_warmup_ends_failed_and_the_exporter_serves_o
     volume = lab_volume(size=64 * MIB, calibrate=False, first_loop=FIRST_LOOP)
     name = name_of(volume)
     exporter.wait_for(lambda s: state_of(s, name) == "running", what="warm-up running")
-    harness.lab.down(volume.name)  # the volume goes: detached and its server gone, in the middle of the pass
+    lab.down(volume.name)  # the volume goes: detached and its server gone, in the middle of the pass
     samples = exporter.wait_for(lambda s: state_of(s, name) == "failed", timeout=30, what="warm-up failed")
     assert 0 < sample_value(samples, "volprobe_warmup_progress_ratio", target=name) < 1
     assert f"warm-up of {name} failed" in exporter.log() or f"warm-up of /dev/{name} failed" in exporter.log()

@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+from lab import lab
 
 from volprobe.stats import RELATIVE_ERROR
 
@@ -113,8 +114,6 @@ targets: [{{name: flaky, device: {volume.device}, probes: [{{op: read, interval:
 
 
 def test_a_vanished_device_is_counted_not_fatal(tmp_path, lab_volume, start_exporter):
-    import lab
-
     volume = lab_volume(size=64 * MIB, read_latency=0.0005)
     config = write_config(
         tmp_path,
@@ -142,8 +141,6 @@ targets: [{{name: gone, device: {volume.device}, probes: [{{op: read, interval: 
 def test_probe_latency_on_a_slow_device_matches_fio_paced_at_the_same_rate(
     tmp_path, lab_volume, start_exporter, latency
 ):
-    import lab
-
     volume = lab_volume(size=64 * MIB, read_latency=latency)
     job = lab.run_fio(
         volume.device, "--ioengine=sync", "--iodepth=1", "--rw=randread", "--bs=4k", "--rate_iops=20", runtime=5
