@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import json
 import subprocess
@@ -98,3 +99,21 @@ def test_the_readmes_promql_parses_and_names_only_declared_metrics(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     named = {name for expr in expressions for name in re.findall(r"\bvolprobe_[a-z0-9_]+", expr)}
     assert named <= metrics.series_names(), named - metrics.series_names()
+
+
+def test_tests_import_helpers_from_the_support_package_only():
+    """No test module imports another test module (their helpers live in tests/support), and nothing in the
+    suite puts a directory on sys.path (pyproject.toml's pytest `pythonpath` does)."""
+    suite = [*(REPO / "exporter" / "tests").rglob("*.py"), *(REPO / "deploy" / "lab").glob("*.py")]
+    for path in suite:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or "", *(alias.name for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                names = []
+            assert not any(name.split(".")[-1].startswith("test_") for name in names), f"{path}:{node.lineno}"
+            if isinstance(node, ast.Attribute) and node.attr == "path":
+                assert not (isinstance(node.value, ast.Name) and node.value.id == "sys"), f"{path}:{node.lineno}"
