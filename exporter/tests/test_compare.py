@@ -30,7 +30,7 @@ from volprobe.mixin import MixinConfig
 from volprobe.mixin.rules import bucket_rate, long_window_rules, recorded, recording_rules
 from volprobe.stats import DEFAULT_BUCKETS, RELATIVE_ERROR
 
-from .support.harness import MIB, REPO, Samples, run, volprobe_command
+from .support.harness import MIB, REPO, Samples, run, volprobe_command, wait_until
 from .support.harness import start_prometheus as start_backfilled
 from .support.pki import make_pki
 
@@ -395,9 +395,7 @@ scrape_configs:
   - job_name: volprobe
     static_configs: [{{targets: ["127.0.0.1:{exporter.port}"]}}]
 """)
-    deadline = time.monotonic() + 30
-    while not prometheus.query("volprobe_probe_latency_seconds_count") and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_until(lambda: prometheus.query("volprobe_probe_latency_seconds_count"), 30, "a scrape", every=0.5)
     started = time.time()
     scrapes = []
     while time.time() < started + LIVE_PERIODS * LIVE_PERIOD_S + 3:

@@ -15,7 +15,7 @@ import pytest
 from volprobe import nvme
 
 from .support.dashboards import panels, substitute
-from .support.harness import MIB, REPO, sample_value
+from .support.harness import MIB, REPO, sample_value, wait_until
 from .support.nvme_pages import counters_page, page
 from .support.rules import firing, start_with_rules
 
@@ -170,10 +170,8 @@ def test_provider_statistics_metrics_throttle_verdict_and_alert_on_a_real_promet
             what="the probes backing off",
         )
         assert sample_value(samples, "volprobe_probe_interval_seconds", target="other") == 0.1
-        deadline = time.monotonic() + 60
-        while not firing(prometheus.alerts(), "VolprobeThrottled", device=ebs_name, source="provider"):
-            assert time.monotonic() < deadline, prometheus.alerts()
-            time.sleep(1)
+        throttled = {"device": ebs_name, "source": "provider"}
+        wait_until(lambda: firing(prometheus.alerts(), "VolprobeThrottled", **throttled), 60, "the alert", every=1)
         joined = prometheus.query(
             f'volprobe_nvme_ops_total{{device="{ebs_name}"}} * on (instance, device) group_left (target) '
             "volprobe_target_info"
