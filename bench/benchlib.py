@@ -19,9 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "exporter" / "tests"))
-import harness  # noqa: E402 - the test harness: commands, devices, the exporter (it puts deploy/lab on sys.path)
-from harness import MIB, RunningExporter, lab, loop_device, run  # noqa: E402 - also used by the bench scripts
+# The test harness (commands, devices, the exporter) is tests.support.harness; the lab is lab.lab: the roots that
+# pyproject.toml's pytest `pythonpath` names, put on the path here as pytest puts them there.
+sys.path[:0] = [str(REPO / "exporter"), str(REPO / "deploy")]
+from lab import lab  # noqa: E402 - also used by the bench scripts
+from tests.support import harness  # noqa: E402
+from tests.support.harness import MIB, RunningExporter, loop_device, run  # noqa: E402 - also used by the scripts
 
 BENCHMARKS = REPO / "BENCHMARKS.md"
 

@@ -8,9 +8,10 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import lab
 import pytest
-from harness import free_port
+from tests.support.harness import free_port
+
+from . import lab
 
 DEMO = Path(__file__).resolve().parent / "demo"
 

@@ -10,8 +10,9 @@ import threading
 import time
 from pathlib import Path
 
-import lab
 import pytest
+
+from . import lab
 
 MIB = lab.MIB
 

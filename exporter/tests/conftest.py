@@ -1,4 +1,4 @@
-"""Fixtures over the shared harness (harness.py): real block devices (loop, zram), filesystems on them, lab
+"""Fixtures over the shared harness (support/harness.py): real block devices (loop, zram), filesystems on them, lab
 volumes, a running exporter and a running Prometheus; and the markers that say which tests need what.
 
 Markers (declared in pyproject.toml): `root` for every test that makes block devices or mounts (added here to
@@ -15,32 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from . import harness
-
-# Re-exported: tests imported these from conftest before the harness existed (new code imports from .harness).
-from .harness import (  # noqa: F401
-    FIXTURES,
-    MIB,
-    REPO,
-    RunningExporter,
-    RunningPrometheus,
-    free_port,
-    have,
-    parse_metrics,
-    run,
-    sample_value,
-    sha256_of,
-    stop_fio,
-    volprobe_command,
-    write_config,
-)
-
 # The lab's fixtures: lab_volume(**settings) -> Volume, and the session-wide clean-up of killed runs' volumes.
-lab_volume = harness.lab.lab_volume
-clean_stale_test_volumes = harness.lab.clean_stale_test_volumes
+from lab.lab import clean_stale_test_volumes, lab_volume  # noqa: F401 - fixtures
 
-# Kept for the tests that import it: a test (or module, via pytestmark) that needs root.
-requires_root = pytest.mark.root
+from .support import harness
+from .support.harness import MIB, RunningExporter, RunningPrometheus
 
 # Fixtures that make block devices or mount filesystems: a test using one needs root.
 ROOT_FIXTURES = frozenset({"make_loop", "mount_fs", "zram_device", "lab_volume"})
@@ -63,7 +42,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def exporter_toolkit(tmp_path_factory) -> Path:
     """The reference web-config implementation, built once (tests/toolkit.py)."""
-    from . import toolkit
+    from .support import toolkit
 
     return toolkit.build(tmp_path_factory.mktemp("exporter-toolkit"))
 

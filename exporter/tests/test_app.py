@@ -10,7 +10,7 @@ import pytest
 from volprobe import app, cli, tools
 from volprobe.command import EXIT_CONFIG
 
-from .harness import free_port, write_config
+from .support.harness import free_port, write_config
 
 
 def build(*args: str) -> app.App:

@@ -10,7 +10,7 @@ import pytest
 
 from volprobe.capabilities import Capabilities
 
-from .harness import run, sample_value, write_config
+from .support.harness import run, sample_value, write_config
 
 SHIM = Path(__file__).parent / "noioprio" / "noioprio.c"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MIB, run, sample_value
+from .support.harness import MIB, Samples, probes_done, run, sample_value
 
 pytestmark = pytest.mark.root
 
@@ -37,8 +37,8 @@ def step(offset: Path, seconds: int) -> None:
     os.replace(staged, offset)
 
 
-def probes(samples, op: str) -> float:
-    return sample_value(samples, "volprobe_probe_latency_seconds_count", target="t", op=op) or 0
+def probes(samples: Samples, op: str) -> float:
+    return probes_done(samples, "t", op)
 
 
 def missed(samples) -> float:

@@ -10,8 +10,8 @@ import pytest
 from volprobe import app, collectors, config, metrics
 from volprobe.collectors import probe as probe_collector
 
-from . import fakeview
-from .harness import MIB
+from .support import fakeview
+from .support.harness import MIB
 
 
 def test_every_collector_is_registered_with_its_flag():

@@ -30,8 +30,9 @@ from volprobe.mixin import MixinConfig
 from volprobe.mixin.rules import bucket_rate, daily_quantile, long_window_rules, recording_rules
 from volprobe.stats import DEFAULT_BUCKETS, RELATIVE_ERROR
 
-from .harness import MIB, REPO, Samples, run, volprobe_command
-from .harness import start_prometheus as start_backfilled
+from .support.harness import MIB, REPO, Samples, run, volprobe_command, wait_until
+from .support.harness import start_prometheus as start_backfilled
+from .support.pki import make_pki
 
 DAY = 86400
 STEP = 300  # seconds between the generated samples (a probe every second in between)
@@ -265,15 +266,7 @@ def test_a_server_behind_tls_and_basic_auth(prometheus, tmp_path):
     front would be: --ca-file, --username and --password-file reach it; without them it is an error (2)."""
     pki = tmp_path / "pki"
     pki.mkdir()
-    (pki / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    for command in (
-        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
-         "-subj", "/CN=compare test CA"],
-        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=prom"],
-        ["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
-         "server.crt", "-days", "1", "-extfile", "san.ext"],
-    ):  # fmt: skip
-        run("openssl", *command, cwd=pki)
+    make_pki(pki)
     password = "compare-secret"
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=6)).decode()
     web = tmp_path / "web.yml"
@@ -403,9 +396,7 @@ scrape_configs:
   - job_name: volprobe
     static_configs: [{{targets: ["127.0.0.1:{exporter.port}"]}}]
 """)
-    deadline = time.monotonic() + 30
-    while not prometheus.query("volprobe_probe_latency_seconds_count") and time.monotonic() < deadline:
-        time.sleep(0.5)
+    wait_until(lambda: prometheus.query("volprobe_probe_latency_seconds_count"), 30, "a scrape", every=0.5)
     started = time.time()
     scrapes = []
     while time.time() < started + LIVE_PERIODS * LIVE_PERIOD_S + 3:

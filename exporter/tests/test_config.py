@@ -7,7 +7,7 @@ import pytest
 
 from volprobe import config
 
-from .conftest import volprobe_command
+from .support.harness import volprobe_command
 
 # (name, YAML, the key path the first problem must name, a word the message must contain)
 BAD_CONFIGS = [

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import json
 import subprocess
-import tomllib
 import urllib.error
 import urllib.request
 
@@ -14,7 +15,7 @@ from volprobe import app
 from volprobe.command import EXIT_CONFIG, report
 from volprobe.config import ConfigError
 
-from .harness import REPO, free_port, write_config
+from .support.harness import REPO, free_port, write_config
 
 
 @pytest.fixture
@@ -97,12 +98,14 @@ def test_the_daemon_runs_without_rich(start_exporter, tmp_path, no_targets):
     assert exporter.stop() == 0 and "Traceback" not in exporter.log()
 
 
-def test_the_license_file_and_the_spdx_string_agree():
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert project["project"]["license"] == "Apache-2.0"
-    assert "Apache License" in (REPO / "LICENSE").read_text() and "Version 2.0" in (REPO / "LICENSE").read_text()
-    # An SPDX expression in `license` needs setuptools 77 (PEP 639); older ones reject it.
-    assert "setuptools>=77" in project["build-system"]["requires"]
+def test_the_installed_package_states_the_license_of_its_license_file():
+    """The metadata the build wrote (an SPDX expression needs setuptools 77, PEP 639: an older one would have
+    failed the install, or written no License-Expression) names the license the LICENSE file holds."""
+    installed = importlib.metadata.metadata("volprobe")
+    assert installed["License-Expression"] == "Apache-2.0"
+    assert installed.get_all("License-File") == ["LICENSE"]
+    license_text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0" in license_text
 
 
 def test_the_readmes_promql_parses_and_names_only_declared_metrics(tmp_path):
@@ -124,3 +127,21 @@ def test_the_readmes_promql_parses_and_names_only_declared_metrics(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     named = {name for expr in expressions for name in re.findall(r"\bvolprobe_[a-z0-9_]+", expr)}
     assert named <= metrics.series_names(), named - metrics.series_names()
+
+
+def test_tests_import_helpers_from_the_support_package_only():
+    """No test module imports another test module (their helpers live in tests/support), and nothing in the
+    suite puts a directory on sys.path (pyproject.toml's pytest `pythonpath` does)."""
+    suite = [*(REPO / "exporter" / "tests").rglob("*.py"), *(REPO / "deploy" / "lab").glob("*.py")]
+    for path in suite:
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or "", *(alias.name for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                names = []
+            assert not any(name.split(".")[-1].startswith("test_") for name in names), f"{path}:{node.lineno}"
+            if isinstance(node, ast.Attribute) and node.attr == "path":
+                assert not (isinstance(node.value, ast.Name) and node.value.id == "sys"), f"{path}:{node.lineno}"

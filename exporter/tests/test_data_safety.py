@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from .harness import MIB, run, sha256_of, write_config
+from .support.harness import MIB, run, sha256_of, write_config
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .harness import REPO, volprobe_command
+from .support.harness import REPO, volprobe_command
 
 BASE = REPO / "deploy" / "kubernetes" / "base"
 CORE = ["serviceaccount.yaml", "configmap.yaml", "daemonset.yaml", "service.yaml", "grafana-dashboards.yaml"]
@@ -74,7 +74,6 @@ def test_daemonset_security_context_is_as_narrow_as_block_devices_allow():
     assert 6 in pod["securityContext"]["supplementalGroups"]  # disk
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
-    assert "Why privileged" in (BASE / "daemonset.yaml").read_text()
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert mounts["/dev"]["readOnly"] is True
 
@@ -154,7 +153,6 @@ def test_no_unpublished_image_is_referenced():
     kustomization = yaml.safe_load((BASE / "kustomization.yaml").read_text())
     (image,) = kustomization["images"]
     assert container["image"] == image["name"] == "volprobe", "the user's image replaces this name"
-    assert "docker build -f deploy/Dockerfile" in (BASE / "kustomization.yaml").read_text()
     for path in (REPO / "deploy").rglob("*.yaml"):
         assert "ghcr.io" not in path.read_text(), path
 

@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from lab import lab
 
-from . import harness
-from .harness import MIB, sample_value
+from .support import harness
+from .support.harness import MIB, probes_done, sample_value, wait_until
 
 FIRST_LOOP = 300
 CHUNK = 64 * 1024  # the lab's coverage unit
@@ -88,7 +89,8 @@ def test_a_volume_attached_at_run_time_is_warmed_whole_once_resumed_after_a_rest
     again = name_of(volume)
     assert again != name
     samples = exporter.wait_for(lambda s: state_of(s, again) == "done", what="the re-attached volume known as done")
-    time.sleep(1)
+    # Its warm-up job has ended, having decided from the state that there was nothing to read.
+    wait_until(lambda: f"{again}: already done" in exporter.log(), what="the warm-up to end without reading", every=0.1)
     read = sum(volume.read_coverage()) - sum(before)
     assert read <= 256 * 1024, f"{read} bytes read from a volume already warmed (signature checks and probes only)"
     # Restarted again, the warmed volume is there at start: still shown done (a workload gated on its progress
@@ -130,7 +132,7 @@ def test_a_volume_that_vanishes_mid_warmup_ends_failed_and_the_exporter_serves_o
     volume = lab_volume(size=64 * MIB, calibrate=False, first_loop=FIRST_LOOP)
     name = name_of(volume)
     exporter.wait_for(lambda s: state_of(s, name) == "running", what="warm-up running")
-    harness.lab.down(volume.name)  # the volume goes: detached and its server gone, in the middle of the pass
+    lab.down(volume.name)  # the volume goes: detached and its server gone, in the middle of the pass
     samples = exporter.wait_for(lambda s: state_of(s, name) == "failed", timeout=30, what="warm-up failed")
     assert 0 < sample_value(samples, "volprobe_warmup_progress_ratio", target=name) < 1
     assert f"warm-up of {name} failed" in exporter.log() or f"warm-up of /dev/{name} failed" in exporter.log()
@@ -152,14 +154,12 @@ def test_a_reload_that_adds_discovery_warmup_with_policy_all_warms_the_volumes_a
     without = config_text(state_dir).split("  warmup:")[0].replace("interval: 10m", "interval: 100ms")
     config.write_text(without)
     exporter = start_exporter("--config", str(config))
-    samples = exporter.wait_for(
-        lambda s: (sample_value(s, "volprobe_probe_latency_seconds_count", target=name) or 0) >= 5, what="probes"
-    )
+    samples = exporter.wait_for(lambda s: probes_done(s, name) >= 5, what="probes")
     assert state_of(samples, name) is None
-    probes_before = sample_value(samples, "volprobe_probe_latency_seconds_count", target=name)
+    probes_before = probes_done(samples, name)
     exporter.reload(config, without + "  warmup: {rate: 16MiB, policy: all}\n")
     samples = exporter.wait_for(lambda s: state_of(s, name) == "done", what="the followed volume warmed")
-    assert sample_value(samples, "volprobe_probe_latency_seconds_count", target=name) >= probes_before
+    assert probes_done(samples, name) >= probes_before
     assert all(count >= CHUNK for count in volume.read_coverage())
     assert exporter.stop() == 0
 
@@ -177,18 +177,21 @@ def test_policy_new_leaves_a_volume_there_at_start_alone_across_a_reload_that_re
     text = config_text(state_dir).replace("interval: 10m", "interval: 100ms")
     config.write_text(text)
     exporter = start_exporter("--config", str(config))
-    exporter.wait_for(
-        lambda s: (sample_value(s, "volprobe_probe_latency_seconds_count", target=name) or 0) >= 3, what="probes"
-    )
+    exporter.wait_for(lambda s: probes_done(s, name) >= 3, what="probes")
     before = sum(volume.read_coverage())
     exporter.reload(config, "defaults: {window: 2m}\n" + text)
     exporter.wait_for(
-        lambda s: (sample_value(s, "volprobe_probe_latency_seconds_count", target=name) or 0) >= 3,
+        lambda s: probes_done(s, name) >= 3,
         what="the probes restarted by the reload",
     )
     assert f"stopped probing {name}" in exporter.log() and exporter.log().count(f"discovered {name}") == 2
-    time.sleep(1.5)
-    assert state_of(exporter.metrics(), name) is None, "not warmed"
+    # A warm-up would be queued when the volume is found again: by 15 more probes (1.5 s, three rescans) it shows.
+    probed = probes_done(exporter.metrics(), name)
+    samples = exporter.wait_for(
+        lambda s: probes_done(s, name) >= probed + 15,
+        what="15 more probes after the volume was found again",
+    )
+    assert state_of(samples, name) is None, "not warmed"
     assert sum(volume.read_coverage()) - before < MIB, "only probes and signature checks read it"
     assert exporter.stop() == 0
 

@@ -4,7 +4,7 @@ import pytest
 
 from volprobe import diskstats
 
-from .harness import FIXTURES
+from .support.harness import FIXTURES
 
 DIR = FIXTURES / "diskstats"
 

@@ -12,64 +12,16 @@ from pathlib import Path
 import pytest
 
 from volprobe import mixin
-from volprobe.mixin import dashboards, rules
+from volprobe.mixin import dashboards
 
-from .harness import MIB, PROMETHEUS_VERSIONS, stop_fio
-from .nvme_pages import counters_page
-from .test_mixin import panels, substitute
+from .support.dashboards import panels, substitute
+from .support.harness import MIB, PROMETHEUS_VERSIONS, probes_done, stop_fio
+from .support.nvme_pages import counters_page
+from .support.rules import TEST_SIZED, firing, start_with_rules
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]  # minutes: alerts need their `for` durations
 
-TEST_SIZED = {
-    "rate_window": "30s",
-    "daily_window": "5m",
-    "baseline_window": "2m",
-    "long_interval": "2s",  # the long group (daily quantiles, baseline) as often as the rest, in minutes of test
-    "latency_objective_for": "10s",
-    "regression_for": "6s",
-    # Under this test's load (six lab volumes, fio, Prometheus on two cores) the lab's tail latency wobbles
-    # by up to ~15 ms (a healthy 0.5 ms volume once showed a write p99 of 14.3 ms); the raise below is +24 ms.
-    "regression_min_increase": "16ms",
-    "throttle_for": "10s",
-    "limit_for": "10s",
-    "stall_threshold": "5s",
-    "stall_for": "0s",
-    "errors_for": "0s",
-    "missing_window": "1m",
-    "missing_for": "10s",
-    "exporter_down_for": "10s",
-    "warmup_stall_window": "1m",
-    "warmup_stall_for": "10s",
-}
-
-
 ALL_CLAIMS = {"$namespace": ".*", "$pvc": ".*"}  # the namespace and pvc variables at All: every target
-
-
-def start_with_rules(start_prometheus, directory: Path, port: int, every: str, version: str = "2"):
-    """A real Prometheus (`version` 2 or 3) scraping the exporter on `port` and evaluating the shipped rules,
-    test-sized, `every`."""
-    rules_path = directory / "volprobe-rules.yml"
-    rules_path.write_text(rules.render(mixin.from_mapping(TEST_SIZED)))
-    return start_prometheus(
-        f"""
-global: {{scrape_interval: {every}, evaluation_interval: {every}}}
-rule_files: [{rules_path}]
-scrape_configs:
-  - job_name: volprobe
-    static_configs: [{{targets: ["127.0.0.1:{port}"]}}]
-""",
-        version,
-    )
-
-
-def firing(alerts: list[dict], name: str, **labels: str) -> bool:
-    return any(
-        a["labels"].get("alertname") == name
-        and a["state"] == "firing"
-        and all(a["labels"].get(k) == v for k, v in labels.items())
-        for a in alerts
-    )
 
 
 @pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
@@ -110,10 +62,7 @@ targets:
     prometheus = start_with_rules(start_prometheus, tmp_path, exporter.port, "2s", version)
     # The detector learns the unloaded latency from the probes: let them see the capped volume idle first.
     exporter.wait_for(
-        lambda s: (
-            sum(v for labels, v in s.get("volprobe_probe_latency_seconds_count", []) if labels["target"] == "capped")
-            >= 12
-        ),
+        lambda s: probes_done(s, "capped") >= 12,
         what="probes of the idle capped volume",
     )
     load = subprocess.Popen(

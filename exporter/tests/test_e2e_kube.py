@@ -16,8 +16,8 @@ from volprobe import mixin
 from volprobe.mixin import rules
 from volprobe.mixin.dashboards.variables import Scope
 
-from .harness import MIB, PROMETHEUS_VERSIONS, run, write_config
-from .test_mixin import SUBSTITUTIONS, substitute
+from .support.dashboards import SUBSTITUTIONS, substitute
+from .support.harness import MIB, PROMETHEUS_VERSIONS, run, write_config
 
 pytestmark = pytest.mark.root
 

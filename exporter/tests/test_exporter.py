@@ -15,7 +15,7 @@ import pytest
 from volprobe import probefile
 from volprobe.config import PROBE_FILE_NAME
 
-from .harness import (
+from .support.harness import (
     MIB,
     attach_loop,
     probes_done,
@@ -64,14 +64,6 @@ def quantile_bucket(samples, q: float, **labels: str) -> tuple[float, float]:
     raise AssertionError(f"no bucket reaches rank {rank}: {buckets}")
 
 
-def latency_count(samples, target: str, op: str) -> float:
-    return sum(
-        value
-        for labels, value in samples.get("volprobe_probe_latency_seconds_count", [])
-        if labels["target"] == target and labels["op"] == op
-    )
-
-
 def test_read_and_write_probes_on_a_device_and_a_directory(tmp_path, make_loop, mount_fs, start_exporter):
     raw = make_loop(64 * MIB, name="raw")
     data = mount_fs(make_loop(128 * MIB, name="fs"))
@@ -98,7 +90,7 @@ targets:
     )
     exporter = start_exporter("--config", config)
     samples = exporter.wait_for(
-        lambda s: all(latency_count(s, t, op) >= 20 for t in ("raw", "pgdata") for op in ("read", "write")),
+        lambda s: all(probes_done(s, t, op) >= 20 for t in ("raw", "pgdata") for op in ("read", "write")),
         what="20 samples of each probe",
     )
     # The contract: labels, touch split (on the recent summary: its counts add up to the histogram's), quantiles.
@@ -206,7 +198,7 @@ def test_block_size_must_fit_the_logical_block_size(tmp_path):
 def test_sigterm_stops_promptly_with_exit_0(make_loop, start_exporter):
     loop = make_loop(16 * MIB)
     exporter = start_exporter("--target", loop)
-    exporter.wait_for(lambda s: latency_count(s, os.path.basename(loop), "read") >= 1, what="a first probe")
+    exporter.wait_for(lambda s: probes_done(s, os.path.basename(loop), "read") >= 1, what="a first probe")
     started = time.monotonic()
     assert exporter.stop(timeout=10) == 0
     assert time.monotonic() - started < 6

@@ -22,7 +22,7 @@ from volprobe.discovery import Host
 from volprobe.exposition import TextExposition, generate_text
 from volprobe.runtime import Exporter
 
-from .harness import MIB
+from .support.harness import MIB
 
 
 class Frozen(Collector):

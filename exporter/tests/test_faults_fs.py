@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MIB, probes_done, run, sample_value, volprobe_command, write_config
+from .support.harness import MIB, probes_done, run, sample_value, volprobe_command, wait_until, write_config
 
 pytestmark = pytest.mark.root
 
@@ -81,9 +81,7 @@ def test_sigterm_while_the_probe_file_is_made_leaves_no_probe_file(tmp_path, mak
         stderr=subprocess.DEVNULL,
     )
     # Kill it while it writes the 768 MiB of random data (a temporary file until complete).
-    deadline = time.monotonic() + 30
-    while not any(".tmp." in name for name in os.listdir(data)) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: any(".tmp." in name for name in os.listdir(data)), 30, "the temporary file", every=0.01)
     process.send_signal(signal.SIGTERM)
     process.wait(30)
     assert ".volprobe-probe" not in os.listdir(data), "a half-made probe file under the real name"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .harness import MIB, sample_value
+from .support.harness import MIB, recent_probes, sample_value
 
 pytestmark = pytest.mark.root
 
@@ -35,10 +35,7 @@ targets:
     exporter = start_exporter("--config", str(config))
 
     def counts(s):
-        return [
-            sample_value(s, "volprobe_probe_latency_recent_seconds_count", target="thin", op="write", touch=t) or 0
-            for t in ("first", "repeat")
-        ]
+        return [recent_probes(s, "thin", touch, "write") for touch in ("first", "repeat")]
 
     samples = exporter.wait_for(lambda s: min(counts(s)) >= 40, timeout=60, what="40 first and 40 repeat writes")
     first = sample_value(

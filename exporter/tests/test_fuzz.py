@@ -20,7 +20,7 @@ from volprobe import config, mixin, ops, schema, state, warmup, webconfig
 from volprobe.config import ConfigError
 from volprobe.probe import OffsetPicker
 
-from .harness import volprobe_command
+from .support.harness import volprobe_command
 
 KEYS = [
     # volprobe.yml

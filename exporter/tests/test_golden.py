@@ -4,7 +4,7 @@ no device, no process: a rename, a new label or a changed help text shows up as 
 
 After a deliberate change to what is exported, regenerate the file and review its diff:
 
-    PYTHONPATH=exporter python -m exporter.tests.golden --update
+    PYTHONPATH=exporter python -m exporter.tests.support.golden --update
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from volprobe.collectors import VolprobeCollector
 from volprobe.exposition import generate_text
 from volprobe.view import RuntimeView
 
-from . import golden
-from .fakeview import FakeView, golden_view
-from .harness import have
+from .support import golden
+from .support.fakeview import FakeView, golden_view
+from .support.harness import have
 
-REGENERATE = "PYTHONPATH=exporter python -m exporter.tests.golden --update"
+REGENERATE = "PYTHONPATH=exporter python -m exporter.tests.support.golden --update"
 
 
 def golden_text() -> str:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from . import grafana_types
-from .harness import REPO
+from .support import grafana_types
+from .support.harness import REPO
 
 PACKAGE = Path(__file__).parent / "grafana_schema"
 STATED = "12.2"  # README: "Grafana 12.2 or newer"

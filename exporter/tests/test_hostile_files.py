@@ -19,7 +19,7 @@ from volprobe.config import PROBE_FILE_NAME, load
 from volprobe.discovery import Host
 from volprobe.safety import Refused
 
-from .harness import MIB, probes_done, run, sample_value, sha256_of, write_config
+from .support.harness import MIB, probes_done, run, sample_value, sha256_of, write_config
 
 pytestmark = pytest.mark.root
 

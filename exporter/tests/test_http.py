@@ -17,7 +17,8 @@ import pytest
 
 from volprobe.server import HEAD_DEADLINE_S, HEAD_MAX_BYTES, MAX_CONNECTIONS, SharedRender
 
-from .harness import MIB, write_config
+from .support.connections import exchange, read_until_closed
+from .support.harness import MIB, write_config
 
 
 def request(port: int, method: str, path: str, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
@@ -29,35 +30,9 @@ def request(port: int, method: str, path: str, headers: dict[str, str] | None = 
     return response
 
 
-def read_until_closed(sock: socket.socket, within: float) -> tuple[bytes, bool]:
-    """What the server sends on `sock`, and whether it closed the connection (a reset counts) within `within`
-    seconds; a server still holding the connection open then gives False, not a timeout error."""
-    deadline = time.monotonic() + within
-    data = b""
-    try:
-        while (left := deadline - time.monotonic()) > 0:
-            sock.settimeout(left)
-            chunk = sock.recv(65536)
-            if not chunk:
-                return data, True
-            data += chunk
-    except ConnectionResetError:
-        return data, True
-    except TimeoutError:
-        pass
-    return data, False
-
-
 def statuses(data: bytes) -> list[int]:
     """The status codes of the responses in `data` (none of the bodies here holds a status line)."""
     return [int(code) for code in re.findall(rb"^HTTP/1\.[01] (\d{3}) ", data, re.MULTILINE)]
-
-
-def exchange(port: int, data: bytes, within: float = 5.0) -> tuple[bytes, bool]:
-    """Send `data` on a new connection, then read_until_closed."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(data)
-        return read_until_closed(sock, within)
 
 
 def no_targets(directory: Path) -> tuple[str, str]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import REPO, free_port, parse_metrics, probes_done
+from .support.harness import REPO, free_port, parse_metrics, probes_done
 
 NEEDED = ("podman", "mmdebstrap")
 pytestmark = [

@@ -15,46 +15,11 @@ from volprobe.config import ConfigError
 from volprobe.mixin import __main__ as generator
 from volprobe.mixin import rules
 
-from .harness import FIXTURES, PROMETHEUS_VERSIONS, REPO, prometheus_tool
+from .support.dashboards import SUBSTITUTIONS, panels, substitute
+from .support.harness import FIXTURES, PROMETHEUS_VERSIONS, REPO, prometheus_tool
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
 RANGE_FUNCTIONS = re.compile(r"\b(rate|irate|increase|deriv|delta|changes)\(([^()]|\([^()]*\))*?\[([^\]]+)\]")
-# What each variable becomes when a query is checked for syntax.
-SUBSTITUTIONS = {
-    "${datasource}": "prometheus",
-    "$__rate_interval": "1m",
-    "$__range": "1d",
-    "$__interval": "1m",
-    "$cluster": ".*",
-    "$job": "volprobe",
-    "$instance": "host:10130",
-    "$target": "pgdata",
-    "$baseline_cluster": ".*",
-    "$candidate_cluster": ".*",
-    "$baseline_instance": "ebs-host:10130",
-    "$candidate_instance": "azure-host:10130",
-    "$baseline": "aws",
-    "$candidate": "azure",
-    "$device": "nvme1n1",
-    "$disk": "nvme1n1",
-    "$op": "write",
-    "$namespace": ".*",
-    "$pvc": ".*",
-}
-
-
-def substitute(expr: str, values: dict[str, str] = SUBSTITUTIONS) -> str:
-    for variable in sorted(values, key=len, reverse=True):
-        expr = expr.replace(variable, values[variable])
-    return expr
-
-
-def panels(model: dict) -> list[dict]:
-    found = []
-    for panel in model.get("panels", []):
-        found.append(panel)
-        found.extend(panel.get("panels", []))
-    return found
 
 
 def test_committed_files_match_the_generator():

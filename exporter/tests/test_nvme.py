@@ -14,9 +14,10 @@ import pytest
 
 from volprobe import nvme
 
-from .harness import MIB, REPO, sample_value
-from .nvme_pages import counters_page, page
-from .test_mixin import panels
+from .support.dashboards import panels, substitute
+from .support.harness import MIB, REPO, sample_value, wait_until
+from .support.nvme_pages import counters_page, page
+from .support.rules import firing, start_with_rules
 
 
 def test_each_field_is_read_from_its_offset_in_base_units():
@@ -115,9 +116,6 @@ def test_provider_statistics_metrics_throttle_verdict_and_alert_on_a_real_promet
     the foreign device said once in the log, not at every read."""
     import threading
 
-    from .test_e2e import firing, start_with_rules
-    from .test_mixin import substitute
-
     ebs, other = make_loop(16 * MIB, name="ebs"), make_loop(16 * MIB, name="other")
     ebs_name, other_name = ebs.rsplit("/", 1)[1], other.rsplit("/", 1)[1]
     pages = tmp_path / "pages"
@@ -172,10 +170,8 @@ def test_provider_statistics_metrics_throttle_verdict_and_alert_on_a_real_promet
             what="the probes backing off",
         )
         assert sample_value(samples, "volprobe_probe_interval_seconds", target="other") == 0.1
-        deadline = time.monotonic() + 60
-        while not firing(prometheus.alerts(), "VolprobeThrottled", device=ebs_name, source="provider"):
-            assert time.monotonic() < deadline, prometheus.alerts()
-            time.sleep(1)
+        throttled = {"device": ebs_name, "source": "provider"}
+        wait_until(lambda: firing(prometheus.alerts(), "VolprobeThrottled", **throttled), 60, "the alert", every=1)
         joined = prometheus.query(
             f'volprobe_nvme_ops_total{{device="{ebs_name}"}} * on (instance, device) group_left (target) '
             "volprobe_target_info"

@@ -13,7 +13,7 @@ import pytest
 from volprobe import probe, timer
 from volprobe.config import ProbeConfig
 
-from .harness import MIB
+from .support.harness import MIB
 
 
 def spec(op: str, block_size: int, revisit: float) -> ProbeConfig:

@@ -14,7 +14,7 @@ from volprobe import ops, probe, timer
 from volprobe.config import ProbeConfig
 from volprobe.stats import ProbeStats
 
-from .harness import MIB
+from .support.harness import MIB
 
 pytestmark = pytest.mark.root
 

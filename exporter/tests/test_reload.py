@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import MIB, attach_loop, probes_done, run, sample_value
+from .support.harness import MIB, attach_loop, probes_done, run, sample_value, wait_until
 
 pytestmark = pytest.mark.root
 
@@ -66,13 +66,10 @@ def test_a_bad_new_config_is_rejected_and_the_old_one_kept(tmp_path, make_loop, 
     exporter.wait_for(lambda s: probes_done(s, "a") >= 5, what="samples")
     config.write_text(f"targets: [{{name: a, device: {a}, probes: [{{op: read, intervall: 50ms}}]}}]\n")
     exporter.process.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 10
-    while "rejected" not in exporter.log() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: "rejected" in exporter.log(), what="the rejection", every=0.1)
     assert "targets[0].probes[0].intervall: unknown key" in exporter.log()
     before = probes_done(exporter.metrics(), "a")
-    time.sleep(1)
-    assert probes_done(exporter.metrics(), "a") > before + 5, "the running configuration keeps probing"
+    exporter.wait_for(lambda s: probes_done(s, "a") > before + 5, what="the running configuration to keep probing")
     assert exporter.process.poll() is None
     assert exporter.stop() == 0
 
@@ -107,9 +104,7 @@ discovery:
     assert not any(
         labels.get("device") == name for labels, _ in samples.get("volprobe_probe_latency_seconds_count", [])
     )
-    deadline = time.monotonic() + 5
-    while threads(exporter.process.pid) > baseline_threads and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: threads(exporter.process.pid) <= baseline_threads, 5, "no thread left behind", every=0.2)
     assert threads(exporter.process.pid) == baseline_threads, "no thread left behind"
     assert sample_value(samples, "volprobe_scrape_collector_success", collector="probe") == 1
     assert exporter.process.poll() is None

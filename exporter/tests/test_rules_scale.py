@@ -10,7 +10,7 @@ import pytest
 from volprobe import mixin
 from volprobe.mixin import rules
 
-from .harness import MIB
+from .support.harness import MIB
 
 VOLUMES = 64
 SCRAPE_S = 2

@@ -9,7 +9,8 @@ import pytest
 
 from volprobe import discovery, safety
 
-from .harness import MIB, have, run
+from .support.harness import MIB, have, run
+from .support.machine import FakeMachine
 
 # (signature maker, the name our own scanner must report). Each runs the real tool on an image file.
 MAKERS = [
@@ -86,8 +87,6 @@ def test_md_090_superblock_at_the_end():
 
 def test_holders_are_refused(tmp_path):
     # dm and md are not in this kernel: a fixture sysfs tree gives the disk a holder as dm would.
-    from .test_discovery import FakeMachine
-
     machine = FakeMachine(tmp_path)
     disk = machine.block("pci0000:00/0000:00:04.0/virtio2/block", "vdb", "254:16", 2097152)
     dm = machine.block("virtual/block", "dm-0", "253:0", 2097152, {"dm/name": "vg-data\n"})

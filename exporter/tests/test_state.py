@@ -25,7 +25,7 @@ from volprobe import state, warmup
 from volprobe.discovery import BlockDevice, Host
 from volprobe.probe import OffsetPicker
 
-from .harness import MIB, run, sample_value
+from .support.harness import MIB, recent_probes, run, sample_value
 
 LOOP = BlockDevice("loop3", 7, 3, "loop", "/dev/loop3", 64 * MIB, 512, 512)
 EBS = BlockDevice("nvme1n1", 259, 0, "disk", "/dev/nvme1n1", 64 * MIB, 512, 512, serial="vol0abc", volume_id="vol-0abc")
@@ -126,14 +126,6 @@ def blocks(volume, op: str, block_size: int, since: int = 0) -> set[int]:
     return {offset // block_size for kind, offset, _ in volume.requests()[since:] if kind == op}
 
 
-def first_count(samples, target: str) -> float:
-    return sum(
-        v
-        for labels, v in samples.get("volprobe_probe_latency_recent_seconds_count", [])
-        if labels["target"] == target and labels["touch"] == "first"
-    )
-
-
 @pytest.mark.root
 @pytest.mark.lab
 @pytest.mark.slow
@@ -159,7 +151,8 @@ targets:
         marks = {name: len(volume.requests()) for name, volume, _ in checks}
         exporter = start_exporter("--config", str(config))
         samples = exporter.wait_for(
-            lambda s: first_count(s, "reads") >= 100 and first_count(s, "writes") >= 100, what="100 first touches"
+            lambda s: recent_probes(s, "reads", "first") >= 100 and recent_probes(s, "writes", "first") >= 100,
+            what="100 first touches",
         )
         if stop == "SIGKILL":
             exporter.process.send_signal(signal.SIGKILL)
@@ -171,7 +164,7 @@ targets:
             # Every first-touch probe of this run hit a block no earlier run touched (more new blocks than
             # counted firsts: the scrape lags the trace, and after a kill -9 a repeat may land on a block whose
             # reservation was skipped).
-            assert len(new) >= first_count(samples, name) >= 100, f"{name} after a {stop}"
+            assert len(new) >= recent_probes(samples, name, "first") >= 100, f"{name} after a {stop}"
         assert sample_value(samples, "volprobe_state_status", status="ok", device=os.path.basename(reads.device)) == 1
     saved = list(state_dir.glob("volume-*.json"))
     assert len(saved) == 2
@@ -191,7 +184,7 @@ def test_a_corrupt_then_unwritable_state_directory_leaves_the_exporter_serving(t
         probes = "[{op: read, interval: 10ms}]"
         config.write_text(f"state_directory: {state_dir}\ntargets: [{{name: a, device: {loop}, probes: {probes}}}]\n")
         exporter = start_exporter("--config", str(config))
-        samples = exporter.wait_for(lambda s: first_count(s, "a") >= 20, what="probes")
+        samples = exporter.wait_for(lambda s: recent_probes(s, "a", "first") >= 20, what="probes")
         assert "unreadable or corrupt" in exporter.log() and "moved to" in exporter.log()
         assert list(Path(state_dir).glob(corrupt.name + ".corrupt-*")), "the corrupt file is kept for a human"
         assert sample_value(samples, "volprobe_state_status", device=name, status="corrupt") == 1
@@ -202,9 +195,8 @@ def test_a_corrupt_then_unwritable_state_directory_leaves_the_exporter_serving(t
             timeout=30,
             what="the state to be reported unwritable",
         )
-        count = first_count(samples, "a")
-        time.sleep(1)
-        assert first_count(exporter.metrics(), "a") > count, "probing goes on"
+        count = recent_probes(samples, "a", "first")
+        exporter.wait_for(lambda s: recent_probes(s, "a", "first") > count, what="probing to go on")
         # Offsets are picked a batch (here 5 s of probes) ahead: the warning comes with the next batch.
         exporter.wait_for(
             lambda _: "fresh offsets cannot be reserved in the state directory" in exporter.log(),

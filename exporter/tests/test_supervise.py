@@ -7,7 +7,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -23,16 +22,7 @@ from volprobe.runtime.warmups import WarmupManager, _Entry
 from volprobe.state import StateStore
 from volprobe.stats import ProbeStats
 
-from .harness import MIB
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "") -> float:
-    """Poll until `condition` holds; the monotonic time it was first seen to."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
-        time.sleep(0.005)
-    return time.monotonic()
+from .support.harness import MIB, wait_until
 
 
 def failures_logged(caplog, name: str, kind: type[BaseException]) -> list[logging.LogRecord]:

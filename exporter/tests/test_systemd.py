@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import REPO
+from .support.harness import REPO
 
 UNITS = REPO / "systemd"
 

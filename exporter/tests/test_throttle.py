@@ -2,74 +2,20 @@
 
 from __future__ import annotations
 
-import random
-import subprocess
 import threading
 import time
 from pathlib import Path
 
-import lab
 import pytest
 
-from .harness import MIB, sample_value, stop_fio
+from .support.harness import MIB, Samples, recent_probes, sample_value, stop_fio
+from .support.throttle import NOT_THROTTLED, device_of, fio_load, qd1_writer, run_bursts
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]  # each test loads devices for over a minute
 
 
-def fio_load(device: str, *options: str, runtime: float) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            "fio",
-            "--name=load",
-            f"--filename={device}",
-            "--direct=1",
-            "--time_based",
-            lab.fio_runtime(runtime),
-            "--output=/dev/null",
-            *options,
-        ],
-        start_new_session=True,  # fio forks its jobs: stop_fio() signals the whole group
-    )
-
-
-def qd1_writer(device: str, runtime: float) -> subprocess.Popen:
-    """The seed's job: one thread, queue depth 1, 8 KiB random O_DIRECT writes (latency-bound, never a cap)."""
-    return fio_load(
-        device,
-        "--ioengine=sync",
-        "--iodepth=1",
-        "--rw=randwrite",
-        "--bs=8k",
-        "--offset=1M",
-        "--size=60M",
-        runtime=runtime,
-    )
-
-
-def run_bursts(device: str, stop: threading.Event, seed: int, depths=(4, 16, 32), rw: str = "randrw") -> None:
-    """Bursts of 0.5 to 2.5 s of parallel I/O, 0.5 to 3 s apart, until `stop`: a load that touches a cap
-    for a few seconds at a time, never long enough to be a plateau."""
-    rng = random.Random(seed)
-    while not stop.is_set():
-        burst = fio_load(
-            device,
-            "--ioengine=libaio",
-            f"--iodepth={rng.choice(depths)}",
-            f"--rw={rw}",
-            "--bs=4k",
-            runtime=rng.uniform(0.5, 2.5),
-        )
-        burst.wait()
-        stop.wait(rng.uniform(0.5, 3))
-
-
-def probes_ready(samples, names: list[str], count: int = 12) -> bool:
-    done = {
-        labels["target"]: v
-        for labels, v in samples.get("volprobe_probe_latency_recent_seconds_count", [])
-        if labels["touch"] == "first"
-    }
-    return all(done.get(name, 0) >= count for name in names)
+def probes_ready(samples: Samples, names: list[str], count: int = 12) -> bool:
+    return all(recent_probes(samples, name, "first") >= count for name in names)
 
 
 def start(tmp_path: Path, start_exporter, volumes: dict[str, object]):
@@ -82,14 +28,6 @@ def start(tmp_path: Path, start_exporter, volumes: dict[str, object]):
     # The unloaded latency comes from the probes: let them see each volume idle first.
     exporter.wait_for(lambda s: probes_ready(s, list(volumes)), what="probes on the idle volumes")
     return exporter
-
-
-# What the detector exports for a device it judged not throttled: every limit and direction at 0.
-NOT_THROTTLED = {(limit, direction): 0.0 for limit in ("iops", "bandwidth") for direction in ("read", "write", "total")}
-
-
-def device_of(volume) -> str:
-    return Path(volume.device).name
 
 
 def test_caps_are_flagged_within_60s_with_their_ceiling(tmp_path, lab_volume, start_exporter):

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from .harness import MIB, sample_value, stop_fio
-from .test_throttle import NOT_THROTTLED, device_of, fio_load, qd1_writer, run_bursts
+from .support.harness import MIB, sample_value, stop_fio
+from .support.throttle import NOT_THROTTLED, device_of, fio_load, qd1_writer, run_bursts
 
 pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.slow]
 

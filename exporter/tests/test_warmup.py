@@ -13,7 +13,7 @@ import pytest
 
 from volprobe import safety, warmup
 
-from .harness import MIB, run, sample_value, volprobe_command, write_config
+from .support.harness import MIB, run, sample_value, volprobe_command, write_config
 
 
 def test_extents_track_a_low_water_mark_and_the_blocks_above_it():

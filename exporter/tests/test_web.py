@@ -22,10 +22,10 @@ from volprobe import webconfig
 from volprobe.config import ConfigError
 from volprobe.server import HEAD_DEADLINE_S
 
-from . import toolkit
-from .harness import sample_value, volprobe_command
-from .pki import make_pki, openssl
-from .test_http import read_until_closed
+from .support import toolkit
+from .support.connections import read_until_closed
+from .support.harness import sample_value, volprobe_command
+from .support.pki import make_pki, openssl
 
 PASSWORD = "correct horse battery staple"
 

@@ -34,9 +34,9 @@ import pytest
 from volprobe import webconfig
 from volprobe.config import ConfigError
 
-from . import toolkit
-from .harness import volprobe_command
-from .pki import make_pki
+from .support import toolkit
+from .support.harness import volprobe_command
+from .support.pki import make_pki
 
 OK, BAD, REFUSE = "accept", "reject", "refuse"
 

@@ -1,6 +1,6 @@
 """What the collectors read of the running exporter: a narrow, typed view (RuntimeView) returning plain,
 immutable snapshots taken when asked. runtime.Exporter implements it; tests give the collectors a fixed one
-(exporter/tests/fakeview.py) and compare the whole exposition with a golden file.
+(exporter/tests/support/fakeview.py) and compare the whole exposition with a golden file.
 
 Nothing here refers to the runtime's classes: a collector sees readings, never a worker, a detector or a job.
 """

@@ -4,7 +4,7 @@ with fixtures/e2e-output.txt, as node_exporter's end-to-end test does.
 
 After a deliberate change to what is exported, regenerate it and review the diff:
 
-    PYTHONPATH=exporter python -m exporter.tests.golden --update
+    PYTHONPATH=exporter python -m exporter.tests.support.golden --update
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from volprobe.exposition import generate_text
 
 from .fakeview import golden_view
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 GOLDEN = FIXTURES / "e2e-output.txt"
 PROC = FIXTURES / "golden-proc"  # process_*: a process that used no CPU, from a fixed boot time
 
@@ -50,7 +50,7 @@ def render() -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m exporter.tests.golden", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m exporter.tests.support.golden", description=__doc__)
     parser.add_argument("--update", action="store_true", help=f"write {GOLDEN.name} (else print the exposition)")
     args = parser.parse_args(argv)
     text = render()

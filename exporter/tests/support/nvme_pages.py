@@ -21,7 +21,12 @@ FIELDS = {  # offset -> value (u64 unless the magic)
 }
 
 
-def page(magic: int = 0x3C23B510, read_bins=((0, 100, 5), (100, 1000, 7)), write_bins=((0, 500, 3),)) -> bytes:
+Bins = tuple[tuple[int, int, int], ...]  # (lower, upper, count) of a latency histogram's bins
+
+
+def page(
+    magic: int = 0x3C23B510, read_bins: Bins = ((0, 100, 5), (100, 1000, 7)), write_bins: Bins = ((0, 500, 3),)
+) -> bytes:
     data = bytearray(4096)
     struct.pack_into("<I", data, 0, magic)
     for offset, value in FIELDS.items():

@@ -1,8 +1,9 @@
 """The one test harness, shared by the tests and the benchmarks: commands, free ports, block devices, the real
 exporter and a real Prometheus, and reading an exposition.
 
-Plain functions and context managers, no pytest: exporter/tests/conftest.py wraps them in fixtures, and
-bench/benchlib.py imports this module as `harness` (it puts exporter/tests on sys.path). The device context
+Plain functions and context managers: exporter/tests/conftest.py wraps them in fixtures, the tests import them
+as `from .support.harness import ...`, and bench/benchlib.py as `from tests.support import harness` (with
+`exporter` and `deploy` on the path, as pyproject.toml's pytest `pythonpath` puts them). The device context
 managers need root; everything else does not.
 """
 
@@ -24,18 +25,15 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
+from lab import lab
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+REPO = Path(__file__).resolve().parents[3]
+FIXTURES = REPO / "exporter" / "tests" / "fixtures"
 MIB = 1024 * 1024
-
-if str(REPO / "deploy" / "lab") not in sys.path:
-    sys.path.insert(0, str(REPO / "deploy" / "lab"))
-import lab  # noqa: E402
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -43,7 +41,7 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 # -- commands -------------------------------------------------------------------------------------------
 
 
-def run(*cmd: str, **kwargs) -> subprocess.CompletedProcess:
+def run(*cmd: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """Run a command to completion; raises CalledProcessError on a non-zero exit, output captured as text."""
     return subprocess.run(cmd, check=True, capture_output=True, text=True, **kwargs)
 
@@ -55,7 +53,17 @@ def have(tool: str) -> bool:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "", every: float = 0.005) -> float:
+    """Poll `condition` every `every` seconds until it holds; the monotonic time it was first seen to hold."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
+        time.sleep(every)
+    return time.monotonic()
 
 
 def volprobe_command(*args: str) -> list[str]:
@@ -85,7 +93,7 @@ def sha256_of(path: str, length: int | None = None) -> str:
     return digest.hexdigest()
 
 
-def stop_fio(process: subprocess.Popen) -> None:
+def stop_fio(process: subprocess.Popen[bytes]) -> None:
     """Stop a fio run started with start_new_session=True: SIGTERM to its process group. fio forks its jobs;
     killing the parent alone would leave them running, loading later tests, until their device goes away."""
     if process.poll() is None:
@@ -157,7 +165,7 @@ def mounted_fs(device: str, point: str | Path, fstype: str = "ext4") -> Iterator
 
 
 @contextlib.contextmanager
-def lab_device(name: str, **settings) -> Iterator[lab.Volume]:
+def lab_device(name: str, **settings: Any) -> Iterator[lab.Volume]:
     """A lab volume (deploy/lab: nbdkit -> nbdfuse -> loop) by name, torn down on exit."""
     volume = lab.up(name, **settings)
     try:
@@ -187,6 +195,16 @@ def probes_done(samples: Samples, target: str, op: str = "read") -> float:
     )
 
 
+def recent_probes(samples: Samples, target: str, touch: str, op: str | None = None) -> float:
+    """Probes of a target's `op` (or of all its ops) with `touch` ("first" or "repeat") in the recent window (the
+    recent-latency summary's count)."""
+    return sum(
+        v
+        for labels, v in samples.get("volprobe_probe_latency_recent_seconds_count", [])
+        if labels["target"] == target and labels["touch"] == touch and op in (None, labels["op"])
+    )
+
+
 def sample_value(samples: Samples, name: str, **labels: str) -> float | None:
     """The value of the first sample `name` whose labels include `labels`, or None."""
     for found, value in samples.get(name, []):
@@ -202,7 +220,7 @@ def sample_value(samples: Samples, name: str, **labels: str) -> float | None:
 class RunningExporter:
     """A `volprobe` process serving on a loopback port."""
 
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     port: int
     log_path: Path
     log_file: IO[str] | None = field(default=None, repr=False)
@@ -213,7 +231,8 @@ class RunningExporter:
 
     def get(self, path: str = "/metrics", timeout: float = 5.0) -> str:
         with urllib.request.urlopen(self.url + path, timeout=timeout) as response:
-            return response.read().decode()
+            body: bytes = response.read()
+            return body.decode()
 
     def metrics(self) -> Samples:
         return parse_metrics(self.get())
@@ -256,8 +275,7 @@ class RunningExporter:
     def rss_bytes(self) -> tuple[int, int]:
         """(resident memory now, peak resident memory) of the process."""
         status = Path(f"/proc/{self.process.pid}/status").read_text()
-        rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
-        peak = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+        rss, peak = (int(re.findall(rf"{key}:\s+(\d+) kB", status)[0]) * 1024 for key in ("VmRSS", "VmHWM"))
         return rss, peak
 
     def stop(self, timeout: float = 15.0) -> int:
@@ -324,11 +342,11 @@ def start_volprobe(
 class RunningPrometheus:
     """Debian's `prometheus` serving on a loopback port."""
 
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     port: int
     log_path: Path
 
-    def api(self, path: str, **params: str) -> object:
+    def api(self, path: str, **params: str) -> Any:
         url = f"http://127.0.0.1:{self.port}/api/v1/{path}"
         if params:
             url += "?" + urllib.parse.urlencode(params)
@@ -337,11 +355,13 @@ class RunningPrometheus:
         assert body["status"] == "success", body
         return body["data"]
 
-    def query(self, expr: str) -> list:
-        return self.api("query", query=expr)["result"]
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.api("query", query=expr)["result"]
+        return result
 
-    def alerts(self) -> list[dict]:
-        return self.api("alerts")["alerts"]
+    def alerts(self) -> list[dict[str, Any]]:
+        alerts: list[dict[str, Any]] = self.api("alerts")["alerts"]
+        return alerts
 
     def stop(self) -> None:
         self.process.terminate()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .harness import free_port
 
-SOURCE = Path(__file__).parent / "webconfig_oracle"
+SOURCE = Path(__file__).resolve().parents[1] / "webconfig_oracle"
 
 
 def build(directory: Path) -> Path:

@@ -1,0 +1,45 @@
+"""Reading the generated dashboards: their panels, and their queries with the variables given values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# What each variable becomes when a query is checked for syntax or run against a test Prometheus.
+SUBSTITUTIONS = {
+    "${datasource}": "prometheus",
+    "$__rate_interval": "1m",
+    "$__range": "1d",
+    "$__interval": "1m",
+    "$cluster": ".*",
+    "$job": "volprobe",
+    "$instance": "host:10130",
+    "$target": "pgdata",
+    "$baseline_cluster": ".*",
+    "$candidate_cluster": ".*",
+    "$baseline_instance": "ebs-host:10130",
+    "$candidate_instance": "azure-host:10130",
+    "$baseline": "aws",
+    "$candidate": "azure",
+    "$device": "nvme1n1",
+    "$disk": "nvme1n1",
+    "$op": "write",
+    "$namespace": ".*",
+    "$pvc": ".*",
+}
+
+
+def substitute(expr: str, values: dict[str, str] = SUBSTITUTIONS) -> str:
+    """`expr` with each dashboard variable replaced by its value (the longest names first: $baseline_cluster
+    before $baseline)."""
+    for variable in sorted(values, key=len, reverse=True):
+        expr = expr.replace(variable, values[variable])
+    return expr
+
+
+def panels(model: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every panel of a dashboard, those inside collapsed rows included."""
+    found = []
+    for panel in model.get("panels", []):
+        found.append(panel)
+        found.extend(panel.get("panels", []))
+    return found

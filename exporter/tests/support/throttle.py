@@ -1,0 +1,70 @@
+"""Loads for the throttling tests (fio on a lab volume: steady, queue depth 1, bursts) and the detector's verdict
+on a volume it judged not throttled."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import threading
+from pathlib import Path
+
+from lab import lab
+
+
+def fio_load(device: str, *options: str, runtime: float) -> subprocess.Popen[bytes]:
+    """fio on `device` with O_DIRECT for `runtime` seconds, in its own process group (stop it with stop_fio)."""
+    return subprocess.Popen(
+        [
+            "fio",
+            "--name=load",
+            f"--filename={device}",
+            "--direct=1",
+            "--time_based",
+            lab.fio_runtime(runtime),
+            "--output=/dev/null",
+            *options,
+        ],
+        start_new_session=True,  # fio forks its jobs: stop_fio() signals the whole group
+    )
+
+
+def qd1_writer(device: str, runtime: float) -> subprocess.Popen[bytes]:
+    """The seed's job: one thread, queue depth 1, 8 KiB random O_DIRECT writes (latency-bound, never a cap)."""
+    return fio_load(
+        device,
+        "--ioengine=sync",
+        "--iodepth=1",
+        "--rw=randwrite",
+        "--bs=8k",
+        "--offset=1M",
+        "--size=60M",
+        runtime=runtime,
+    )
+
+
+def run_bursts(
+    device: str, stop: threading.Event, seed: int, depths: tuple[int, ...] = (4, 16, 32), rw: str = "randrw"
+) -> None:
+    """Bursts of 0.5 to 2.5 s of parallel I/O, 0.5 to 3 s apart, until `stop`: a load that touches a cap
+    for a few seconds at a time, never long enough to be a plateau."""
+    rng = random.Random(seed)
+    while not stop.is_set():
+        burst = fio_load(
+            device,
+            "--ioengine=libaio",
+            f"--iodepth={rng.choice(depths)}",
+            f"--rw={rw}",
+            "--bs=4k",
+            runtime=rng.uniform(0.5, 2.5),
+        )
+        burst.wait()
+        stop.wait(rng.uniform(0.5, 3))
+
+
+# What the detector exports for a device it judged not throttled: every limit and direction at 0.
+NOT_THROTTLED = {(limit, direction): 0.0 for limit in ("iops", "bandwidth") for direction in ("read", "write", "total")}
+
+
+def device_of(volume: lab.Volume) -> str:
+    """The kernel name of a lab volume's device (loop7), as the detector labels it."""
+    return Path(volume.device).name
