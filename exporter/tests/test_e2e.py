@@ -18,7 +18,8 @@ from .harness import MIB, PROMETHEUS_VERSIONS, REPO, stop_fio
 from .nvme_pages import counters_page
 from .test_mixin import panels, substitute
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]  # minutes: alerts need their `for` durations
+# Minutes: alerts need their `for` durations. One at a time with the other latency tests (conftest.py).
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.xdist_group("lab-latency")]
 
 TEST_SIZED = {
     "rate_window": "30s",

@@ -13,7 +13,8 @@ import pytest
 
 from .harness import MIB, sample_value, stop_fio
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]  # each test loads devices for over a minute
+# Each test loads devices for over a minute; one at a time with the other lab load tests (conftest.py).
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.xdist_group("lab-load")]
 
 
 def fio_load(device: str, *options: str, runtime: float) -> subprocess.Popen:
