@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -523,7 +524,7 @@ if pytest is not None:
     _FIRST_LOOP_GIVEN = os.environ.get("VOLPROBE_TEST_FIRST_LOOP")
 
     @pytest.fixture(scope="session", autouse=True)
-    def loops_of_this_worker():
+    def loops_of_this_worker() -> Iterator[None]:
         """Under pytest-xdist each worker attaches its loop devices from a range of its own: from
         $VOLPROBE_TEST_FIRST_LOOP (1024 if unset) plus LOOP_SPAN per worker. `losetup --find` would give one
         worker a number another has just detached and is about to attach again, or one a test's discovery

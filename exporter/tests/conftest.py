@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -56,8 +56,10 @@ ROOT_FIXTURES = frozenset({"make_loop", "mount_fs", "zram_device", "lab_volume"}
 LAB_FIXTURES = frozenset({"lab_volume"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects: the markers added here count
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+# A wrapper: what comes before the yield runs before -m deselects (the markers added here count), what comes after
+# runs once every other plugin has modified the items (xdist's own group renaming included).
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Generator[None, None, None]:
     not_root = pytest.mark.skip(reason="needs root to make block devices; CI runs the suite as root")
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -67,6 +69,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.lab)
         if item.get_closest_marker("root") is not None and os.geteuid() != 0:
             item.add_marker(not_root)
+    yield
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # xdist hands tests out in this order as workers come free: the long ones first, so none starts last.
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
