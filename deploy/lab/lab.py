@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,17 +59,23 @@ def parse_size(text: str) -> int:
     return int(float(number) * _SIZE_UNITS[unit])
 
 
-FIRST_LOOP = int(os.environ.get("VOLPROBE_TEST_FIRST_LOOP", "0"))  # 0: the lowest free, as losetup --find
+LOOP_SPAN = 256  # how many numbers from `first` free_loop looks through
+
+
+def default_first_loop() -> int:
+    """$VOLPROBE_TEST_FIRST_LOOP, read at each attach (the test suite sets it per worker); 0: the lowest free,
+    as losetup --find."""
+    return int(os.environ.get("VOLPROBE_TEST_FIRST_LOOP") or "0")
 
 
 def free_loop(first: int = 0) -> str:
     """The loop device the next attach should take: the lowest free, or with `first` (default
     $VOLPROBE_TEST_FIRST_LOOP) the first free from that number (clear of the numbers something else running
     here is about to attach)."""
-    first = first or FIRST_LOOP
+    first = first or default_first_loop()
     if not first:
         return _run("losetup", "--find").stdout.strip()
-    for number in range(first, first + 256):
+    for number in range(first, first + LOOP_SPAN):
         if not Path(f"/sys/block/loop{number}/loop").exists():  # not bound
             return f"/dev/loop{number}"
     raise RuntimeError(f"no free loop device from /dev/loop{first}")
@@ -77,7 +84,7 @@ def free_loop(first: int = 0) -> str:
 def attach_loop(options: list[str], backing: str | Path, first: int = 0) -> str:
     """Attach `backing` to a free loop device (see free_loop) and return it; retried if another attach took the
     device in between."""
-    first = first or FIRST_LOOP
+    first = first or default_first_loop()
     if not first:
         return _run("losetup", "--find", "--show", *options, str(backing)).stdout.strip()
     for _ in range(10):
@@ -343,10 +350,17 @@ def up(
     return volume
 
 
+SERVER_NICE = -10  # a volume's latency is its settings', not the host's load: its servers run before other work
+
+
 def _spawn(log: Path, *command: str) -> None:
     with open(log, "w") as out:
         subprocess.run(
-            ["setsid", "--fork", *command], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, check=True
+            ["setsid", "--fork", "nice", "-n", str(SERVER_NICE), *command],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=True,
         )
 
 
@@ -506,6 +520,20 @@ if pytest is not None:
         yield make
         for name in made:
             down(name)
+
+    _FIRST_LOOP_GIVEN = os.environ.get("VOLPROBE_TEST_FIRST_LOOP")
+
+    @pytest.fixture(scope="session", autouse=True)
+    def loops_of_this_worker() -> Iterator[None]:
+        """Under pytest-xdist each worker attaches its loop devices from a range of its own: from
+        $VOLPROBE_TEST_FIRST_LOOP (1024 if unset) plus LOOP_SPAN per worker. `losetup --find` would give one
+        worker a number another has just detached and is about to attach again, or one a test's discovery
+        follows; the kernel also hands out any unbound number it has, however high."""
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        if worker.startswith("gw"):
+            first = int(_FIRST_LOOP_GIVEN or "1024") + LOOP_SPAN * int(worker.removeprefix("gw"))
+            os.environ["VOLPROBE_TEST_FIRST_LOOP"] = str(first)
+        yield
 
     @pytest.fixture(scope="session", autouse=True)
     def clean_stale_test_volumes():

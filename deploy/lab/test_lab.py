@@ -23,6 +23,7 @@ def qd1(device: str, rw: str, bs: str = "4k", runtime: float = 3) -> dict:
     return lab.run_fio(device, "--ioengine=sync", "--iodepth=1", f"--rw={rw}", f"--bs={bs}", runtime=runtime)
 
 
+@pytest.mark.xdist_group("lab-latency")  # exporter/tests/conftest.py
 @pytest.mark.parametrize(("read", "write"), [(0.002, 0.005), (0.0005, 0.001)])
 def test_qd1_latency_matches_the_configured_latency(lab_volume, read, write):
     volume = lab_volume(size=64 * MIB, read_latency=read, write_latency=write)
@@ -31,6 +32,7 @@ def test_qd1_latency_matches_the_configured_latency(lab_volume, read, write):
         assert abs(p50 - configured) <= max(0.10 * configured, 0.0003), (rw, p50, configured)
 
 
+@pytest.mark.xdist_group("lab-load")  # exporter/tests/conftest.py
 @pytest.mark.parametrize("cap", [150, 500, 1000])
 def test_iops_cap_holds_under_parallel_load_from_two_processes(lab_volume, cap):
     volume = lab_volume(size=64 * MIB, read_latency=0.001, write_latency=0.001, iops_limit=cap)
@@ -52,6 +54,7 @@ def test_iops_cap_holds_under_parallel_load_from_two_processes(lab_volume, cap):
     assert abs(total - cap) <= 0.03 * cap, (total, cap)  # both processes share one device-wide bucket
 
 
+@pytest.mark.xdist_group("lab-load")
 def test_bandwidth_cap_holds_under_parallel_load(lab_volume):
     volume = lab_volume(size=64 * MIB, read_latency=0.0005, bandwidth_limit=20 * MIB)
     job = lab.run_fio(
@@ -196,7 +199,8 @@ def leftovers(volume_dir: Path, device: str) -> list[str]:
 
 
 def test_down_leaves_nothing_behind_even_with_io_stalled():
-    volume = lab.up("pytest-down", size=32 * MIB, read_latency=0.001)
+    name = f"pytest-{os.getpid()}-down"  # the pid: clean_stale_test_volumes of another worker leaves it alone
+    volume = lab.up(name, size=32 * MIB, read_latency=0.001)
     device, volume_dir = volume.device, volume.dir
     volume.set(stall=True)
     done = threading.Event()
@@ -212,17 +216,18 @@ def test_down_leaves_nothing_behind_even_with_io_stalled():
 
     threading.Thread(target=read, daemon=True).start()
     time.sleep(0.5)
-    lab.down("pytest-down")
+    lab.down(name)
     assert done.wait(10), "down releases I/O that was stalled"
     time.sleep(0.5)
     assert leftovers(volume_dir, device) == []
 
 
 def test_a_stale_volume_of_a_killed_run_is_cleaned_up_by_name():
-    first = lab.up("pytest-stale", size=32 * MIB, calibrate=False)
+    volume_name = f"pytest-{os.getpid()}-stale"
+    first = lab.up(volume_name, size=32 * MIB, calibrate=False)
     old_pids = (first.state["nbdkit_pid"], first.state["nbdfuse_pid"])
     # The process that made it "dies" without tearing down; the next run makes one of the same name.
-    second = lab.up("pytest-stale", size=32 * MIB, calibrate=False)
+    second = lab.up(volume_name, size=32 * MIB, calibrate=False)
     device = second.device
     try:
         assert not any(lab._alive(pid, name) for pid, name in zip(old_pids, ("nbdkit", "nbdfuse"), strict=True))
@@ -231,31 +236,38 @@ def test_a_stale_volume_of_a_killed_run_is_cleaned_up_by_name():
         ).stdout
         assert listing.count(str(second.backing)) == 1
     finally:
-        lab.down("pytest-stale")
+        lab.down(volume_name)
     assert leftovers(second.dir, device) == []
 
 
 def test_cli_up_prints_the_device_last_and_status_lists_it():
     lab_py = str(Path(lab.__file__))
+    name = f"pytest-{os.getpid()}-cli"
     try:
         result = subprocess.run(
-            [lab_py, "up", "pytest-cli", "--size", "32MiB", "--read-latency", "1ms", "--iops-limit", "300"],
+            [lab_py, "up", name, "--size", "32MiB", "--read-latency", "1ms", "--iops-limit", "300"],
             capture_output=True,
             text=True,
             check=True,
         )
         device = result.stdout.strip().splitlines()[-1]
         assert device.startswith("/dev/loop") and Path(device).is_block_device()
-        status = subprocess.run([lab_py, "status"], capture_output=True, text=True, check=True).stdout
-        assert "pytest-cli" in status and device in status and "300 IOPS cap" in status
-        subprocess.run([lab_py, "set", "pytest-cli", "--iops-limit", "0", "--stall"], check=True, capture_output=True)
-        assert "STALLED" in subprocess.run([lab_py, "status"], capture_output=True, text=True).stdout
+
+        def status_line() -> str:  # this volume's: other tests' volumes may be listed too
+            status = subprocess.run([lab_py, "status"], capture_output=True, text=True, check=True).stdout
+            return next((line for line in status.splitlines() if line.startswith(f"{name} ")), "")
+
+        line = status_line()
+        assert f" {device} " in line and "300 IOPS cap" in line, line
+        subprocess.run([lab_py, "set", name, "--iops-limit", "0", "--stall"], check=True, capture_output=True)
+        assert "STALLED" in status_line()
     finally:
-        subprocess.run([lab_py, "down", "pytest-cli"], check=True)
-    assert "pytest-cli" not in subprocess.run([lab_py, "status"], capture_output=True, text=True).stdout
+        subprocess.run([lab_py, "down", name], check=True)
+    assert name not in subprocess.run([lab_py, "status"], capture_output=True, text=True).stdout
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("lab-load")
 def test_fresh_lazy_volume_rises_to_a_flat_plateau_at_its_cap(lab_volume, tmp_path):
     """The seed's curve: random writes on fresh block storage start far below the provider's cap (every
     first write waits for the allocator) and rise to a flat plateau at it as blocks get allocated."""

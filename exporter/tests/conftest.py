@@ -4,19 +4,27 @@ volumes, a running exporter and a running Prometheus; and the markers that say w
 Markers (declared in pyproject.toml): `root` for every test that makes block devices or mounts (added here to
 each test using a device fixture, and explicitly on the others; skipped when not run as root), `lab` for those
 on lab volumes, `slow` for those over ten seconds. `pytest -m "not root"` runs the rest, as any user.
+
+Under pytest-xdist (`.ci/run`: -n 4 --dist loadgroup) tests run side by side, each with its own loop device
+numbers (lab.loops_of_this_worker), directories, ports and processes. `xdist_group(NAME)` runs a group one test
+after another on one worker: "lab-load" (tests that drive lab volumes to their caps with fio: the throttle
+detector's, the lab's own cap checks) and "lab-latency" (tests that hold measured latency to a few percent or
+to alert thresholds: end to end, compare's history, fidelity against fio) would each disturb their own kind
+on 2 cores; "loop300" shares a discovery range; "compare-backfilled" shares one backfilled Prometheus.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
 
-# The lab's fixtures: lab_volume(**settings) -> Volume, and the session-wide clean-up of killed runs' volumes.
-from lab.lab import clean_stale_test_volumes, lab_volume  # noqa: F401 - fixtures
+# The lab's fixtures: lab_volume(**settings) -> Volume, the session-wide clean-up of killed runs' volumes, and
+# each xdist worker's own range of loop device numbers.
+from lab.lab import clean_stale_test_volumes, lab_volume, loops_of_this_worker  # noqa: F401 - fixtures
 
 from .support import harness
 from .support.harness import MIB, RunningExporter, RunningPrometheus
@@ -26,8 +34,10 @@ ROOT_FIXTURES = frozenset({"make_loop", "mount_fs", "zram_device", "lab_volume"}
 LAB_FIXTURES = frozenset({"lab_volume"})
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects: the markers added here count
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+# A wrapper: what comes before the yield runs before -m deselects (the markers added here count), what comes after
+# runs once every other plugin has modified the items (xdist's own group renaming included).
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Generator[None, None, None]:
     not_root = pytest.mark.skip(reason="needs root to make block devices; CI runs the suite as root")
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -37,14 +47,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.lab)
         if item.get_closest_marker("root") is not None and os.geteuid() != 0:
             item.add_marker(not_root)
+    yield
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # xdist hands tests out in this order as workers come free: the long ones first, so none starts last.
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        if config.getvalue("loadgroup"):
+            name_groups(items)
+
+
+def name_groups(items: list[pytest.Item]) -> None:
+    """Rename each test marked xdist_group(NAME) `nodeid@NAME`, which is how --dist loadgroup sends a group to
+    one worker. pytest-xdist 3.8 does it through `item._nodeid`, which pytest 9 no longer reads (a node's id is
+    `item._id`): without this, loadgroup silently groups nothing. A no-op where xdist's own renaming works."""
+    for item in items:
+        groups = sorted(
+            {
+                str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                for mark in item.iter_markers("xdist_group")
+            }
+        )
+        suffix = "@" + "_".join(groups)
+        if groups and not item.nodeid.endswith(suffix):
+            item._id = type(item._id).parse(item.nodeid + suffix)
 
 
 @pytest.fixture(scope="session")
 def exporter_toolkit(tmp_path_factory) -> Path:
-    """The reference web-config implementation, built once (tests/toolkit.py)."""
+    """The reference web-config implementation, built once per run, by the first xdist worker that needs it
+    (tests/support/toolkit.py)."""
     from .support import toolkit
 
-    return toolkit.build(tmp_path_factory.mktemp("exporter-toolkit"))
+    directory = harness.shared_directory(tmp_path_factory, "exporter-toolkit")
+    with harness.locked(directory / "build.lock"):
+        binary = directory / toolkit.BINARY
+        return binary if binary.exists() else toolkit.build(directory)
 
 
 @pytest.fixture

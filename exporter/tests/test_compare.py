@@ -107,6 +107,10 @@ def history(
 SPEC = {"block_size_bytes": "8192", "interval": "1s", "sync": "true"}
 
 
+# The tests on the backfilled server run on one xdist worker: each worker would otherwise make the history again.
+ONE_SERVER = pytest.mark.xdist_group("compare-backfilled")
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
     directory = tmp_path_factory.mktemp("compare-prometheus")
@@ -132,6 +136,7 @@ def compare(prometheus, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
+@ONE_SERVER
 def test_a_candidate_40_percent_slower_is_worse(prometheus):
     result = compare(prometheus, "--baseline", 'target="aws"', "--candidate", 'target="azure"', "--since", "4d")
     report = json.loads(result.stdout)
@@ -141,6 +146,7 @@ def test_a_candidate_40_percent_slower_is_worse(prometheus):
     assert report["periods"] == 4 and report["probes"]["baseline"] == pytest.approx(4 * DAY, rel=0.01)
 
 
+@ONE_SERVER
 def test_equal_sides_are_equivalent(prometheus):
     result = compare(prometheus, "--baseline", 'target="aws"', "--candidate", 'target="aws-twin"', "--since", "4d")
     report = json.loads(result.stdout)
@@ -149,6 +155,7 @@ def test_equal_sides_are_equivalent(prometheus):
     assert result.returncode in (0, 3)  # p99.9 over four days may still be inconclusive
 
 
+@ONE_SERVER
 def test_the_text_and_markdown_reports_carry_the_verdict(prometheus):
     for fmt in ("text", "markdown"):
         command = volprobe_command(
@@ -160,6 +167,7 @@ def test_the_text_and_markdown_reports_carry_the_verdict(prometheus):
         assert "worse" in result.stdout and "p50" in result.stdout and "p99.9" in result.stdout, result.stdout
 
 
+@ONE_SERVER
 def test_one_period_is_inconclusive(prometheus):
     result = compare(prometheus, "--baseline", 'target="aws"', "--candidate", 'target="azure"', "--since", "1d")
     report = json.loads(result.stdout)
@@ -167,6 +175,7 @@ def test_one_period_is_inconclusive(prometheus):
     assert "more periods" in report["quantiles"][0]["reason"]
 
 
+@ONE_SERVER
 def test_different_specs_are_refused_naming_both(prometheus):
     result = compare(prometheus, "--baseline", 'target="aws"', "--candidate", 'target="hdd"', "--since", "4d")
     assert result.returncode == 2
@@ -184,6 +193,7 @@ def test_different_specs_are_refused_naming_both(prometheus):
     assert allowed.returncode in (0, 1, 3) and "different specs" in json.loads(allowed.stdout)["warnings"][0]
 
 
+@ONE_SERVER
 def test_a_side_still_warming_up_is_warned_about(prometheus):
     result = compare(prometheus, "--baseline", 'target="aws"', "--candidate", 'target="cold"', "--since", "4d")
     warnings = json.loads(result.stdout)["warnings"]
@@ -191,6 +201,7 @@ def test_a_side_still_warming_up_is_warned_about(prometheus):
     assert not any(w.startswith("baseline") and "warming" in w for w in warnings)
 
 
+@ONE_SERVER
 def test_the_html_report_is_one_self_contained_file_never_written_over(prometheus, tmp_path):
     report = tmp_path / "report.html"
     args = ["--baseline", 'target="aws"', "--candidate", 'target="azure"', "--since", "4d", "--format", "html"]
@@ -208,6 +219,7 @@ def test_the_html_report_is_one_self_contained_file_never_written_over(prometheu
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"], "no temporary file left behind"
 
 
+@ONE_SERVER
 def test_html_without_the_report_extra_says_how_to_get_it(prometheus):
     url = f"http://127.0.0.1:{prometheus.port}"
     code = "import sys; sys.modules['matplotlib'] = None; from volprobe.cli import main; sys.exit(main())"
@@ -217,6 +229,7 @@ def test_html_without_the_report_extra_says_how_to_get_it(prometheus):
     assert result.returncode == 2 and "pip install 'volprobe[report]'" in result.stderr, result.stderr
 
 
+@ONE_SERVER
 def test_the_migration_dashboard_and_the_report_agree(prometheus):
     """On the same history: the dashboard's daily quantiles (the recording rules it plots, evaluated at each
     period's end) lie in the bucket the report gives for that period, and its distribution panel puts each
@@ -261,6 +274,7 @@ def test_the_migration_dashboard_and_the_report_agree(prometheus):
         assert elsewhere != expr and prometheus.api("query", query=elsewhere, time=str(END))["result"] == []
 
 
+@ONE_SERVER
 def test_a_server_behind_tls_and_basic_auth(prometheus, tmp_path):
     """The same history served by a Prometheus with --web.config.file (TLS, basic auth), as a Thanos or Mimir
     front would be: --ca-file, --username and --password-file reach it; without them it is an error (2)."""
@@ -353,8 +367,10 @@ def retimed_history(scrapes: list[Samples], days: int) -> str:
     return "\n".join([*text, "# EOF", ""])
 
 
+@pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.lab
+@pytest.mark.xdist_group("lab-latency")  # conftest.py
 def test_history_recorded_from_lab_volumes_then_live(tmp_path, lab_volume, make_loop, start_exporter, start_prometheus):
     """The real exporter on three lab volumes (8 KiB writes of 1 ms, 1.4 ms and 1 ms again) and a loop device
     probed with another block size, for a minute, with a real Prometheus scraping it every second.

@@ -23,6 +23,7 @@ def checksums(directory: str) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_write_probes_touch_nothing_but_their_probe_file(tmp_path, make_loop, start_exporter):
     device = make_loop(128 * MIB)
     data = tmp_path / "data"

@@ -19,7 +19,9 @@ from .support.harness import MIB, probes_done, sample_value, wait_until
 
 FIRST_LOOP = 300
 CHUNK = 64 * 1024  # the lab's coverage unit
-pytestmark = [pytest.mark.root, pytest.mark.lab]
+# One after another on one xdist worker: each test's discovery follows the whole range, and would find the
+# volumes of another test of this module running beside it (the other workers attach from /dev/loop1024 up).
+pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.xdist_group("loop300")]
 
 
 def config_text(state_dir: Path, rate: str = "8MiB", max_concurrent: int = 2) -> str:
@@ -264,6 +266,7 @@ def detach(devices) -> None:
         harness.run("losetup", "--detach", f"/dev/{device}")
 
 
+@pytest.mark.slow
 def test_queued_warmups_survive_a_sigterm_and_a_kill_9(tmp_path, start_exporter):
     """Three volumes attached at once, one warmed at a time: the two queued have no checkpoint of their own yet,
     and after a restart they are volumes "there at start". Their state marks them queued, so the restarted

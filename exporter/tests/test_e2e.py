@@ -19,7 +19,8 @@ from .support.harness import MIB, PROMETHEUS_VERSIONS, probes_done, stop_fio
 from .support.nvme_pages import counters_page
 from .support.rules import TEST_SIZED, firing, start_with_rules
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]  # minutes: alerts need their `for` durations
+# Minutes: alerts need their `for` durations. One at a time with the other latency tests (conftest.py).
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.xdist_group("lab-latency")]
 
 ALL_CLAIMS = {"$namespace": ".*", "$pvc": ".*"}  # the namespace and pvc variables at All: every target
 

@@ -137,6 +137,7 @@ targets: [{{name: gone, device: {volume.device}, probes: [{{op: read, interval: 
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("lab-latency")  # conftest.py
 @pytest.mark.parametrize("latency", [0.002])
 def test_probe_latency_on_a_slow_device_matches_fio_paced_at_the_same_rate(
     tmp_path, lab_volume, start_exporter, latency

@@ -14,20 +14,22 @@ from pathlib import Path
 import pytest
 
 from .support import grafana_types
-from .support.harness import REPO
+from .support.harness import REPO, locked, shared_directory
 
 PACKAGE = Path(__file__).parent / "grafana_schema"
 STATED = "12.2"  # README: "Grafana 12.2 or newer"
 
 
 @pytest.fixture(scope="module")
-def node_modules() -> Path:
-    """@grafana/schema and typescript as the lock file pins them (.ci/run installs them; done here if not)."""
+def node_modules(tmp_path_factory) -> Path:
+    """@grafana/schema and typescript as the lock file pins them (.ci/run installs them; done here if not, by
+    one xdist worker at a time)."""
     modules = PACKAGE / "node_modules"
-    if not (modules / ".bin" / "tsc").exists():
-        npm = shutil.which("npm")
-        assert npm, "npm is needed (Node.js 18+) to check the dashboards against Grafana's types"
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--silent"], cwd=PACKAGE, check=True, timeout=600)
+    with locked(shared_directory(tmp_path_factory, "grafana-schema") / "npm-ci.lock"):
+        if not (modules / ".bin" / "tsc").exists():
+            npm = shutil.which("npm")
+            assert npm, "npm is needed (Node.js 18+) to check the dashboards against Grafana's types"
+            subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--silent"], cwd=PACKAGE, check=True, timeout=600)
     return modules
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from .support.harness import REPO, free_port, parse_metrics, probes_done
+from .support.harness import REPO, free_port, locked, parse_metrics, probes_done
 
 NEEDED = ("podman", "mmdebstrap")
 pytestmark = [
@@ -211,7 +211,9 @@ def test_the_image_builds_and_serves_a_devices_probes_as_the_daemonset_runs_it(t
     conf = tmp_path / "containers.conf"
     conf.write_text(CONTAINERS_CONF)
     started = time.monotonic()
-    base = local_base(conf)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with locked(CACHE / "lock"):  # one base made at a time, by the first run (or worker) that needs it
+        base = local_base(conf)
     based = time.monotonic()
     name = f"volprobe-test-{uuid.uuid4().hex[:12]}"
     image = f"localhost/{name}:latest"

@@ -105,6 +105,7 @@ def test_the_statuses_aws_devices_answer():
         nvme.read_log_page("/dev/null", fake_kernel(status=0x6))  # internal error: an error, not "unsupported"
 
 
+@pytest.mark.slow
 @pytest.mark.root
 def test_provider_statistics_metrics_throttle_verdict_and_alert_on_a_real_prometheus(
     tmp_path, make_loop, start_exporter, start_prometheus
@@ -223,6 +224,7 @@ def test_the_devices_32_bit_bin_counts_are_unwrapped_into_monotonic_buckets():
     assert later.read_latency.unwrap(unwrapped, wrapped.read_latency).buckets[0] == (100e-6, 2**32 + 8)
 
 
+@pytest.mark.slow
 def test_a_device_whose_page_read_hangs_blocks_neither_scrapes_nor_other_devices(tmp_path, make_loop, start_exporter):
     """One device's read never returns (its page is a FIFO nobody writes: the test hook's stand-in for a Get Log
     Page to a wedged controller). The other device is still read every second, scrapes stay fast, the hung one

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .support.harness import MIB, attach_loop, probes_done, run, sample_value, wait_until
+from .support.harness import MIB, free_loop, probes_done, run, sample_value, wait_until
 
 pytestmark = pytest.mark.root
 
@@ -75,13 +75,17 @@ def test_a_bad_new_config_is_rejected_and_the_old_one_kept(tmp_path, make_loop, 
 
 
 def test_discovery_follows_devices_attached_and_detached(tmp_path, start_exporter):
+    # The device that comes, by the name it will take: discovery follows it alone, not the devices of tests
+    # running beside this one.
+    loop = free_loop()
+    name = os.path.basename(loop)
     config = tmp_path / "volprobe.yml"
-    config.write_text("""
-defaults: {window: 1m}
+    config.write_text(f"""
+defaults: {{window: 1m}}
 discovery:
-  include: ['loop\\d+']
+  include: ['{name}']
   rescan_interval: 2s
-  probes: [{op: read, interval: 100ms}]
+  probes: [{{op: read, interval: 100ms}}]
 """)
     exporter = start_exporter("--config", str(config))
     time.sleep(1)
@@ -90,8 +94,7 @@ discovery:
     with open(backing, "wb") as f:
         f.truncate(32 * MIB)
     attached = time.monotonic()
-    loop = attach_loop(["--direct-io=on"], backing)
-    name = os.path.basename(loop)
+    run("losetup", "--direct-io=on", loop, str(backing))
     try:
         exporter.wait_for(lambda s: probes_done(s, name) >= 1, timeout=15, what=f"probes of the new {name}")
         assert time.monotonic() - attached < 10, "a new device is probed within 10 s"

@@ -18,6 +18,7 @@ INTERVAL_S = 5  # the short groups' interval here (the shipped rules use Prometh
 LONG_INTERVAL_S = 5  # the long group's (shipped: 5m), short so that it evaluates within the test
 
 
+@pytest.mark.slow
 @pytest.mark.root
 def test_rule_groups_evaluate_in_a_tenth_of_their_interval_for_64_volumes(
     tmp_path, make_loop, start_exporter, start_prometheus

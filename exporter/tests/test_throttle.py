@@ -11,7 +11,8 @@ import pytest
 from .support.harness import MIB, Samples, recent_probes, sample_value, stop_fio
 from .support.throttle import NOT_THROTTLED, device_of, fio_load, qd1_writer, run_bursts
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]  # each test loads devices for over a minute
+# Each test loads devices for over a minute; one at a time with the other lab load tests (conftest.py).
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.xdist_group("lab-load")]
 
 
 def probes_ready(samples: Samples, names: list[str], count: int = 12) -> bool:

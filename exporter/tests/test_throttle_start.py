@@ -16,7 +16,8 @@ import pytest
 from .support.harness import MIB, sample_value, stop_fio
 from .support.throttle import NOT_THROTTLED, device_of, fio_load, qd1_writer, run_bursts
 
-pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.slow]
+# One at a time with the other lab load tests (conftest.py).
+pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.slow, pytest.mark.xdist_group("lab-load")]
 
 
 def config_for(tmp_path, volumes: dict) -> str:

@@ -10,6 +10,7 @@ managers need root; everything else does not.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -104,6 +105,28 @@ def stop_fio(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(5)
+
+
+# -- set-up shared by the workers of a run (pytest-xdist) ------------------------------------------------
+
+
+def shared_directory(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """`name` under this run's base temporary directory, which its xdist workers share (each worker's own is
+    popen-gwN in it): for set-up done once per run, under `locked`. A run without workers has its own."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    directory = base / name
+    directory.mkdir(exist_ok=True)
+    return directory
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (made if missing): set-up that two workers must not do at once."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
 
 
 # -- block devices (root) ------------------------------------------------------------------------------

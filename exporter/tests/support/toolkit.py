@@ -15,11 +15,12 @@ from pathlib import Path
 from .harness import free_port
 
 SOURCE = Path(__file__).resolve().parents[1] / "webconfig_oracle"
+BINARY = "webconfig-oracle"
 
 
 def build(directory: Path) -> Path:
     go = shutil.which("go") or "/usr/local/go/bin/go"
-    binary = directory / "webconfig-oracle"
+    binary = directory / BINARY
     env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false -mod=readonly"}
     result = subprocess.run(
         [go, "build", "-o", str(binary), "."], cwd=SOURCE, env=env, capture_output=True, text=True, timeout=600
