@@ -9,10 +9,10 @@ process around it: logging, the allocator, and the signal loop. Tests drive an A
 from __future__ import annotations
 
 import argparse
-import collections
 import gc
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -210,31 +210,37 @@ class App:
 
 
 def run_until_signalled(app: App) -> None:
-    """Serve until SIGTERM or SIGINT; SIGHUP reloads. The handlers only queue the signal: the work is done
-    here, on the main thread, one request at a time."""
-    wake = threading.Event()
-    requests: collections.deque[str] = collections.deque()
+    """Serve until SIGTERM or SIGINT; SIGHUP reloads, on the main thread, one request at a time.
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        requests.append(signal.Signals(signum).name)
-        wake.set()
-
+    The signals reach this loop through a socket that CPython's own C-level handler writes each signal's number
+    to (signal.set_wakeup_fd), whichever thread the kernel delivered it to. A Python-level handler that sets an
+    Event is not enough: it runs only when the main thread next runs bytecode, so a SIGHUP that lands just
+    before the main thread blocks (likely right after start, on a loaded machine) was never acted on.
+    """
+    receive, send = socket.socketpair()
+    send.setblocking(False)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, on_signal)
-    app.serve()
-    while True:
-        wake.wait()
-        wake.clear()
-        # Popped one by one: a handler runs between any two bytecodes, and a copy-then-clear could drop a
-        # SIGTERM that arrived in between (the loop would then reload instead of stopping).
-        pending = [requests.popleft() for _ in range(len(requests))]
-        if not pending:  # drained by the previous turn, whose wake came after the clear
-            continue
-        stops = [name for name in pending if name != "SIGHUP"]
-        if stops:
-            log.info("received %s, shutting down", stops[0])
-            return
-        app.reload()
+        signal.signal(signum, _noted)
+    previous = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
+    try:
+        app.serve()
+        while True:
+            # What arrived together is handled together: a stop wins over reloads, and reloads in a row are one.
+            pending = [signal.Signals(number) for number in receive.recv(64)]
+            stops = [sig.name for sig in pending if sig != signal.SIGHUP]
+            if stops:
+                log.info("received %s, shutting down", stops[0])
+                return
+            app.reload()
+    finally:
+        signal.set_wakeup_fd(previous)
+        receive.close()
+        send.close()
+
+
+def _noted(_signum: int, _frame: FrameType | None) -> None:
+    """The Python-level handler does nothing: installing it makes the C-level one write to the wakeup socket
+    (and keeps the default action, termination, away)."""
 
 
 def main(argv: Sequence[str]) -> int:
