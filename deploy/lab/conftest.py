@@ -1,6 +1,6 @@
 import os
 
-from .lab import clean_stale_test_volumes, lab_volume, loops_of_this_worker  # noqa: F401 - fixtures
+from .lab import clean_stale_test_volumes, lab_volume, latency_tests_first, loops_of_this_worker  # noqa: F401 - fixtures
 
 if os.geteuid() != 0:
     collect_ignore_glob = ["test_*.py"]

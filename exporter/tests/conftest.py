@@ -24,7 +24,7 @@ import pytest
 
 # The lab's fixtures: lab_volume(**settings) -> Volume, the session-wide clean-up of killed runs' volumes, and
 # each xdist worker's own range of loop device numbers.
-from lab.lab import clean_stale_test_volumes, lab_volume, loops_of_this_worker  # noqa: F401 - fixtures
+from lab.lab import clean_stale_test_volumes, lab_volume, latency_tests_first, loops_of_this_worker  # noqa: F401 - fixtures
 
 from .support import harness
 from .support.harness import MIB, RunningExporter, RunningPrometheus
