@@ -370,6 +370,7 @@ def retimed_history(scrapes: list[Samples], days: int) -> str:
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.lab
+@pytest.mark.alone  # .ci/run: after the others
 @pytest.mark.xdist_group("lab-latency")  # conftest.py
 def test_history_recorded_from_lab_volumes_then_live(tmp_path, lab_volume, make_loop, start_exporter, start_prometheus):
     """The real exporter on three lab volumes (8 KiB writes of 1 ms, 1.4 ms and 1 ms again) and a loop device

@@ -20,7 +20,7 @@ from .support.nvme_pages import counters_page
 from .support.rules import TEST_SIZED, firing, start_with_rules
 
 # Minutes: alerts need their `for` durations. One at a time with the other latency tests (conftest.py).
-pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.xdist_group("lab-latency")]
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.alone, pytest.mark.xdist_group("lab-latency")]
 
 ALL_CLAIMS = {"$namespace": ".*", "$pvc": ".*"}  # the namespace and pvc variables at All: every target
 
