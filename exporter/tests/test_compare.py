@@ -420,11 +420,12 @@ scrape_configs:
         scrapes.append(exporter.metrics())
         time.sleep(1)
     samples = exporter.metrics()  # the exact medians of the same probes (the exporter's 5m window holds them all)
-    exact = {
-        labels["target"]: v
+    exact_at = {
+        (labels["target"], labels["quantile"]): v
         for labels, v in samples["volprobe_probe_latency_recent_seconds"]
-        if labels["quantile"] == "0.5" and labels["touch"] == "first"
+        if labels["touch"] == "first"
     }
+    exact = {target: v for (target, quantile), v in exact_at.items() if quantile == "0.5"}
 
     # Live, from the Prometheus that scraped it.
     url = f"http://127.0.0.1:{prometheus.port}"
@@ -462,7 +463,14 @@ scrape_configs:
         p50 = worse["quantiles"][0]
         assert p50["ratio"] == pytest.approx(exact["slow"] / exact["base"], rel=0.05), (p50, exact)
         status, equal = recorded("base", "twin", "--since", "4d", "--quantiles", "0.5,0.9")
-        assert status == 0 and equal["verdict"] == "equivalent", (equal, exact)
+        # The twins are equal as the lab sets them; what the probes saw of them can still differ by up to ~10%
+        # (each volume's chain adds its own overhead, uncalibrated). The reference is what the probes saw.
+        seen = [exact_at[("twin", q)] / exact_at[("base", q)] for q in ("0.5", "0.9")]
+        assert equal["quantiles"][0]["ratio"] == pytest.approx(seen[0], rel=0.05), (equal, exact_at)
+        if all(abs(ratio - 1) <= 0.05 for ratio in seen):  # well inside the 10% tolerance: compare must say so
+            assert status == 0 and equal["verdict"] == "equivalent", (equal, exact_at)
+        else:  # near the tolerance's edge: equivalent or not proven, never a difference
+            assert status in (0, 3) and equal["verdict"] in ("equivalent", "inconclusive"), (equal, exact_at)
         status, one_day = recorded("base", "slow", "--since", "1d")
         assert status == 3 and one_day["verdict"] == "inconclusive", one_day
         status, refused = recorded("base", "small", "--since", "4d")
