@@ -535,23 +535,18 @@ if pytest is not None:
             os.environ["VOLPROBE_TEST_FIRST_LOOP"] = str(first)
         yield
 
-    # xdist groups whose tests, and everything they start, run at another CPU priority (nice): "lab-latency"
-    # holds measured latency to alert thresholds, and "lab-load" drives lab volumes to their caps with fio,
-    # whose servers would otherwise take the CPU the latency tests' servers need on 2 cores.
-    GROUP_NICENESS = {"lab-latency": -10, "lab-load": 10}
-
     @pytest.fixture(autouse=True)
     def latency_tests_first(request: pytest.FixtureRequest) -> Iterator[None]:
-        """A test of a group in GROUP_NICENESS runs at that niceness, with everything it starts (the exporter,
-        Prometheus, fio, the lab's servers): the latency checks come first on the CPU, the loads last. The
-        loads still get every cycle the latency tests leave, which is most of them: those tests mostly wait."""
+        """A test of the "lab-latency" xdist group runs at nice -10, and so does everything it starts (the
+        exporter, Prometheus, fio, the lab's servers): it holds measured latency to alert thresholds, and on
+        2 cores the other workers' tests (fio at a volume's cap, other interpreters' runs) would otherwise add
+        their CPU queueing to what it measures. The other tests only wait a little longer."""
         group = request.node.get_closest_marker("xdist_group")
-        niceness = GROUP_NICENESS.get(group.args[0] if group and group.args else "")
-        if niceness is None or os.geteuid() != 0:
+        if group is None or group.args[:1] != ("lab-latency",) or os.geteuid() != 0:
             yield
             return
         before = os.getpriority(os.PRIO_PROCESS, 0)
-        os.setpriority(os.PRIO_PROCESS, 0, niceness)  # this thread: the one that starts the test's processes
+        os.setpriority(os.PRIO_PROCESS, 0, -10)  # this thread: the one that starts the test's processes
         try:
             yield
         finally:
