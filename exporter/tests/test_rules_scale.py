@@ -20,6 +20,7 @@ LONG_INTERVAL_S = 5  # the long group's (shipped: 5m), short so that it evaluate
 
 @pytest.mark.slow
 @pytest.mark.root
+@pytest.mark.alone  # a budget in seconds: measured with nothing beside it (.ci/run)
 def test_rule_groups_evaluate_in_a_tenth_of_their_interval_for_64_volumes(
     tmp_path, make_loop, start_exporter, start_prometheus
 ):
