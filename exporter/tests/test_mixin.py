@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -39,13 +40,17 @@ def test_promtool_checks_the_rules(version):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
-def test_promtool_unit_tests_pass(version):
-    tests = sorted(str(p) for p in (REPO / "alerts" / "tests").glob("*.yml"))
+def promtool_test_rules(version: str, *tests: Path) -> None:
+    """`promtool test rules` of that Prometheus version on the unit-test files, which must all pass."""
     result = subprocess.run(
-        [prometheus_tool("promtool", version), "test", "rules", *tests], capture_output=True, text=True
+        [prometheus_tool("promtool", version), "test", "rules", *map(str, tests)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
+def test_promtool_unit_tests_pass(version):
+    promtool_test_rules(version, *sorted((REPO / "alerts" / "tests").glob("*.yml")))
 
 
 def test_every_alert_has_severity_summary_description_runbook_and_a_unit_test():
@@ -220,10 +225,7 @@ def test_each_renamed_rule_records_what_its_old_name_did(version, tmp_path):
     }
     path = tmp_path / "renamed_test.yml"
     path.write_text(yaml.safe_dump(document))
-    result = subprocess.run(
-        [prometheus_tool("promtool", version), "test", "rules", str(path)], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    promtool_test_rules(version, path)
 
 
 # -- selector and cluster label: every query honours them ------------------------------------------------------
@@ -611,7 +613,4 @@ def test_the_namespace_and_pvc_variables_narrow_the_targets(version, tmp_path):
     }
     path = tmp_path / "selected_test.yml"
     path.write_text(yaml.safe_dump(document))
-    result = subprocess.run(
-        [prometheus_tool("promtool", version), "test", "rules", str(path)], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    promtool_test_rules(version, path)
