@@ -298,7 +298,14 @@ def test_a_server_behind_tls_and_basic_auth(prometheus, tmp_path):
 
     # A second server on a copy of the backfilled data (the first keeps serving the other tests).
     data = tmp_path / "secured" / "data"
-    shutil.copytree(prometheus.blocks, data, ignore=shutil.ignore_patterns("lock", "wal", "chunks_head"))
+    for attempt in range(3):  # the first server may compact blocks away mid-copy: copy its new set again
+        try:
+            shutil.copytree(prometheus.blocks, data, ignore=shutil.ignore_patterns("lock", "wal", "chunks_head"))
+            break
+        except shutil.Error:
+            shutil.rmtree(data, ignore_errors=True)
+            if attempt == 2:
+                raise
     secured = start_backfilled(
         "global: {scrape_interval: 1m}\nscrape_configs: []\n", tmp_path / "secured", web_config=web, ready=ready
     )
