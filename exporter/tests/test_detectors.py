@@ -107,3 +107,83 @@ def test_rates_from_diskstats_readings():
     assert second.inflight["read"] == 8.0  # 8000 ms of requests in one second: 8 in flight on average
     assert second.await_s["read"] == 0.016
     assert detectors.second_between(after, before, 1.0) is None  # a counter reset
+
+
+# -- the sampler's cost: idle windows are not judged, and do not ask the exporter every second ------------------
+
+
+def _levels(rng: random.Random, n: int) -> list[float]:
+    """Rates shaped as disks see them: idle, probes only, steady, bursty, flat at a level, around the threshold."""
+    shape = rng.choice(["idle", "probes", "steady", "bursty", "flat", "threshold"])
+    if shape == "idle":
+        return [0.0] * n
+    if shape == "probes":
+        return [rng.choice([1.0, 2.0]) for _ in range(n)]
+    if shape == "bursty":
+        return [rng.choice([0.0, 0.0, 0.0, 400.0]) for _ in range(n)]
+    if shape == "threshold":  # at and around rule 2's level, within rule 3's tolerance of it
+        return [detectors.MIN_OPS * rng.uniform(0.94, 1.06) for _ in range(n)]
+    level = rng.choice([9.6, 10.0, 50.0, 500.0])
+    return noisy(level, n, spread=0.03 if shape == "flat" else 0.5, seed=rng.randrange(1 << 30))
+
+
+def test_a_window_that_cannot_hold_a_plateau_is_known_by_its_counts():
+    """Window.may_hold_plateau is never False where candidate() finds a flat, queued window (it would hide a
+    plateau), and it is False for the idle and probe-only windows that are most disks' (or it saves nothing)."""
+    rng = random.Random(28)
+    skipped = found = 0
+    for _ in range(3000):
+        n = rng.randrange(1, 80)
+        size = rng.choice([512, 4 * KIB, 64 * KIB, 1024 * KIB])
+        seconds = window(_levels(rng, n), size, rng.choice([0.5, 2.0, 16.0]), 0.002, rng.choice(["read", "write"]))
+        held = detectors.Window(60)
+        for second in seconds:
+            held.append(second)
+        if rng.random() < 0.1:
+            held.clear()
+        for direction in detectors.DIRECTIONS:
+            judged = detectors.candidate(list(held), direction)
+            may = held.may_hold_plateau(direction)
+            assert may or judged is None, (direction, [s.ops[direction] for s in held])
+            found += judged is not None
+            skipped += not may
+    assert found > 100 and skipped > 1000  # both kinds of window were met
+
+
+def _diskstats_line(name: str, reads: int, read_ms: int, inflight: int = 0) -> str:
+    """A line as Linux 5.5+ prints it (20 fields), for a disk with these reads done."""
+    return f" 259       0 {name} {reads} 0 {reads * 8} {read_ms} 0 0 0 0 {inflight} {read_ms} {read_ms} 0 0 0 0 0 0\n"
+
+
+def test_the_sampler_asks_for_an_idle_disks_inputs_only_now_and_then(tmp_path):
+    """An idle disk's unloaded latency and limits are asked for at its first sample and every INPUTS_EVERY_S;
+    a disk whose window may hold a plateau is asked at every sample, and its plateau is found as before."""
+    asked: dict[str, int] = {"idle": 0, "busy": 0}
+
+    def unloaded_latency(disk: str, direction: str) -> float | None:
+        if direction == "total":
+            asked[disk] += 1
+        return 0.001
+
+    detector = detectors.ThrottleDetector(
+        devices=lambda: {"idle", "busy"},
+        unloaded_latency=unloaded_latency,
+        limits=lambda _disk: (None, None),
+        on_change=lambda _disk, _throttled: None,
+        probe_completions=lambda _disk: 0,
+        proc_root=tmp_path,
+        sample_interval=1.0,
+        window=60.0,
+    )
+    samples = 40
+    for second in range(samples):
+        idle_reads = second + 1  # a probe a second
+        busy_reads, busy_ms = 500 * (second + 1), 500 * 16 * (second + 1)  # 500 IOPS, 16 in flight: a cap
+        (tmp_path / "diskstats").write_text(
+            _diskstats_line("idle", idle_reads, idle_reads) + _diskstats_line("busy", busy_reads, busy_ms, 16)
+        )
+        detector.sample(1000.0 + second)
+    assert asked["idle"] == samples // detectors.INPUTS_EVERY_S
+    assert asked["busy"] > samples - detectors.MIN_SAMPLES  # from when the window could hold one, every sample
+    assert detector.is_throttled("busy") and not detector.is_throttled("idle")
+    assert detector.snapshot()["idle"].unloaded == {d: 0.001 for d in detectors.DIRECTIONS}

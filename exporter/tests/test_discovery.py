@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from volprobe import discovery
 
-from .support.machine import FakeMachine
+from .support.harness import run
+from .support.machine import CountingHost, FakeMachine
 
 
 @pytest.fixture
@@ -272,3 +274,60 @@ def test_the_target_collector_labels_a_discovered_disk_and_keeps_its_choice(kube
     assert labels()["nvme1n1"] == (PV_FS, later)  # its pod went, the other still mounts it
     mountinfo.write_text(KUBELET_MOUNTINFO)
     assert labels()["nvme1n1"] == (PV_FS, later)  # a pod mounting it again changes nothing
+
+
+# -- identities the pollers ask for every few seconds ----------------------------------------------------------
+
+
+def test_a_known_device_is_read_again_only_when_the_disk_changes(machine):
+    path = nvme_controller(machine, "nvme1", "vol0123456789abcdef0", "Amazon Elastic Block Store")
+    disk = machine.block(path, "nvme1n1", "259:0", 2 * 1024**3 // 512)
+    (disk / "device").symlink_to("..")
+    host = machine.counting_host()
+    for _ in range(5):
+        assert host.known_device("nvme1n1").volume_id == "vol-0123456789abcdef0"
+    assert host.resolved == 1
+    # Another volume attached under the same name: the kernel gives the disk a new DISKSEQ.
+    (machine.sys / "devices" / path / "serial").write_text("vol0fedcba9876543210\n")
+    machine.remake("nvme1n1")
+    assert host.known_device("nvme1n1").volume_id == "vol-0fedcba9876543210"
+    assert host.resolved == 2
+    machine.remake("nvme1n1", {"size": f"{4 * 1024**3 // 512}\n"})  # resized: read again for its size
+    assert host.known_device("nvme1n1").size_bytes == 4 * 1024**3
+    assert host.resolved == 3
+    assert host.known_device("nvme9n1") is None  # no such disk: nothing resolved
+    assert host.resolved == 3
+
+
+def test_without_diskseq_a_known_device_is_read_again_after_a_while(machine, monkeypatch):
+    """Kernels before 5.15 give no DISKSEQ: a loop device attached to another file of the same size would look
+    the same, so the identity is trusted for UNSEQUENCED_TTL_S only."""
+    disk = machine.block("virtual/block", "loop0", "7:0", 2048, {"loop/backing_file": "/images/a.img\n"})
+    (disk / "uevent").write_text("MAJOR=7\nMINOR=0\nDEVNAME=loop0\nDEVTYPE=disk\n")
+    host = machine.counting_host()
+    assert host.known_device("loop0").backing_file == "/images/a.img"
+    assert host.known_device("loop0").backing_file == "/images/a.img"
+    assert host.resolved == 1
+    (disk / "loop" / "backing_file").write_text("/images/b.img\n")
+    monkeypatch.setattr(discovery, "UNSEQUENCED_TTL_S", 0.0)
+    assert host.known_device("loop0").backing_file == "/images/b.img"
+    assert host.resolved == 2
+
+
+@pytest.mark.root
+def test_a_loop_device_attached_to_another_file_is_known_anew(make_loop, tmp_path):
+    """On this kernel: detaching a loop device and attaching another file gives it a new DISKSEQ, which is all
+    known_device() reads to tell."""
+    device = make_loop(size=16 * 2**20)
+    name = device.rsplit("/", 1)[1]
+    host = CountingHost()
+    first = host.known_device(name)
+    assert first is not None and host.known_device(name) == first and host.resolved == 1
+    other = tmp_path / "other.img"
+    other.write_bytes(b"")
+    os.truncate(other, 16 * 2**20)
+    run("losetup", "--detach", device)
+    run("losetup", "--direct-io=on", device, str(other))
+    now = host.known_device(name)
+    assert host.resolved == 2
+    assert now is not None and now.backing_file == str(other) != first.backing_file

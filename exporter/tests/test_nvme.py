@@ -13,9 +13,12 @@ import time
 import pytest
 
 from volprobe import nvme
+from volprobe.capabilities import Capabilities
+from volprobe.runtime.provider import ProviderStats
 
 from .support.dashboards import panels, substitute
 from .support.harness import MIB, REPO, sample_value, wait_until
+from .support.machine import FakeMachine
 from .support.nvme_pages import counters_page, page
 from .support.rules import firing, start_with_rules
 
@@ -268,3 +271,24 @@ def test_a_device_whose_page_read_hangs_blocks_neither_scrapes_nor_other_devices
     finally:
         with contextlib.suppress(OSError):  # let the hung read end, if the exporter is still there to read
             os.close(os.open(pages / hung_name, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_provider_poll_reads_nothing_of_disks_that_cannot_be_aws(tmp_path):
+    """Only NVMe namespaces can be AWS devices; each is resolved from sysfs once, and again when it changes."""
+    machine = FakeMachine(tmp_path)
+    for name, devnum in (("sda", "8:0"), ("loop0", "7:0"), ("vda", "253:0")):
+        machine.block("virtual/block", name, devnum, 2048)
+    controller = "pci0000:00/0000:00:1f.0/nvme/nvme0"
+    (machine.sys / "devices" / controller).mkdir(parents=True)
+    (machine.sys / "devices" / controller / "model").write_text("QEMU NVMe Ctrl\n")
+    (machine.block(controller, "nvme0n1", "259:0", 2048) / "device").symlink_to("..")
+    host = machine.counting_host()
+    disks = {"sda", "loop0", "vda", "nvme0n1"}
+    provider = ProviderStats(host, lambda: disks, capabilities=Capabilities())
+    for _ in range(5):
+        provider.poll()
+    assert host.resolved == 1  # nvme0n1, once: not an AWS model, and not changed since
+    assert provider.snapshot() == {}
+    machine.remake("nvme0n1")
+    provider.poll()
+    assert host.resolved == 2

@@ -30,7 +30,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -54,6 +54,10 @@ CHECK_TTL_S = 300.0  # an active check's verdict holds this long while the plate
 CHECK_RETRY_S = 60.0  # an inconclusive check is repeated after this
 CHECK_LEVEL = 0.10  # "the same plateau": its ceiling within 10% of the one checked
 CHECK_MIN_INTERVAL_S = 60.0  # at most one active check per disk this often
+# How often the sampler asks the exporter for a disk's unloaded latency and limits when its window cannot hold
+# a plateau (Window.may_hold_plateau); a window that may is judged with fresh ones at every sample. The unloaded
+# latency moves at most once per ten probes (stats.FLOOR_GROUP), and limits at a reload.
+INPUTS_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -223,11 +227,54 @@ def _which_limit(
     return "bandwidth" if ceiling_bytes / max(ceiling_ops, 1e-9) >= LARGE_REQUEST else "iops"
 
 
+class Window:
+    """The last `size` seconds of one device, with a count per direction of those busy enough to sit in a flat
+    band: at least (1 - FLAT_TOLERANCE) times rule 2's level, in ops or in bytes. A window with fewer of them
+    than FLAT_SHARE holds no plateau (rules 2 and 3), which is known without looking at its seconds: most
+    disks are idle most of the time, and the sampler judges every disk every second."""
+
+    def __init__(self, size: int) -> None:
+        self.seconds: deque[Second] = deque(maxlen=size)
+        self.busy = dict.fromkeys(DIRECTIONS, 0)
+
+    def append(self, second: Second) -> None:
+        if len(self.seconds) == self.seconds.maxlen:
+            self._count(self.seconds[0], -1)
+        self.seconds.append(second)
+        self._count(second, 1)
+
+    def clear(self) -> None:
+        self.seconds.clear()
+        self.busy = dict.fromkeys(DIRECTIONS, 0)
+
+    def may_hold_plateau(self, direction: str) -> bool:
+        """Rules 1 to 3 can hold: enough seconds, and enough of them busy. False means candidate() is None."""
+        n = len(self.seconds)
+        return n >= MIN_SAMPLES and self.busy[direction] >= FLAT_SHARE * n
+
+    def _count(self, second: Second, step: int) -> None:
+        for direction in DIRECTIONS:
+            if second.ops[direction] >= BUSY_OPS or second.bytes[direction] >= BUSY_BYTES:
+                self.busy[direction] += step
+
+    def __iter__(self) -> Iterator[Second]:
+        return iter(self.seconds)
+
+    def __len__(self) -> int:
+        return len(self.seconds)
+
+
+# A second in a flat band is within FLAT_TOLERANCE of a level of at least MIN_OPS (or MIN_BYTES); a hair lower
+# still, so that rounding never leaves out a second that _flat_band keeps.
+BUSY_OPS = (1 - FLAT_TOLERANCE) * MIN_OPS * (1 - 1e-9)
+BUSY_BYTES = (1 - FLAT_TOLERANCE) * MIN_BYTES * (1 - 1e-9)
+
+
 @dataclass
 class DeviceState:
     """What the sampler keeps per device."""
 
-    window: deque[Second]
+    window: Window
     last: diskstats.DiskStats | None = None
     last_time: float = 0.0
     plateaus: dict[str, Plateau] = field(default_factory=dict)  # direction -> plateau
@@ -238,6 +285,8 @@ class DeviceState:
     checking: dict[str, float] | None = None  # direction -> ceiling, while a check runs
     checks: dict[str, int] = field(default_factory=dict)  # verdict -> how many
     unloaded: dict[str, float | None] = field(default_factory=dict)  # direction -> the last judge's
+    limits: tuple[float | None, float | None] = (None, None)  # (ops/s, bytes/s) configured, as last asked
+    inputs_at: float = -math.inf  # when unloaded and limits were last asked for
 
 
 @dataclass(frozen=True)
@@ -324,38 +373,44 @@ class ThrottleDetector:
         """Read diskstats once and update every watched device.
 
         The callbacks into the exporter (its devices, their probes' unloaded latency, limits and completions,
-        and the verdict changes) run outside this detector's lock, so a scrape never waits behind them."""
+        and the verdict changes) run outside this detector's lock, so a scrape never waits behind them. The
+        unloaded latency and limits are asked for only when the device's window may hold a plateau, or every
+        INPUTS_EVERY_S: this thread is the only one that changes the states, so it reads them unlocked."""
         wanted = self.devices()
         stats = diskstats.read(self.proc_root, wanted)
-        inputs = {
-            name: (
-                {d: self.unloaded_latency(name, d) for d in DIRECTIONS},
-                self.limits(name),
-                self.probe_completions(name),
-            )
-            for name in wanted
-            if name in stats
-        }
+        present = [name for name in wanted if name in stats]
+        seconds: dict[str, Second | None] = {}
+        inputs: dict[str, tuple[dict[str, float | None], tuple[float | None, float | None]]] = {}
+        for name in present:
+            state = self._states.get(name)
+            if state is not None and state.last is not None:
+                seconds[name] = second_between(state.last, stats[name], now - state.last_time)
+            if state is None or now - state.inputs_at >= INPUTS_EVERY_S or self._may_hold(state, seconds.get(name)):
+                inputs[name] = ({d: self.unloaded_latency(name, d) for d in DIRECTIONS}, self.limits(name))
+        completions = {name: self.probe_completions(name) for name in present}
         changed: list[tuple[str, bool]] = []
         checks: list[CheckRequest] = []
         with self._lock:
             for name in list(self._states):
                 if name not in wanted:
                     del self._states[name]
-            for name, (unloaded, limits, probe_completions) in inputs.items():
+            for name in present:
                 current = stats[name]
-                state = self._states.setdefault(name, DeviceState(deque(maxlen=self.window_samples)))
+                state = self._states.setdefault(name, DeviceState(Window(self.window_samples)))
+                if name in inputs:
+                    state.unloaded, state.limits = inputs[name]
+                    state.inputs_at = now
                 if state.last is not None:
-                    second = second_between(state.last, current, now - state.last_time)
+                    second = seconds.get(name)
                     if second is None:
                         state.window.clear()
                     else:
                         state.window.append(second)
-                        if self._judge(name, state, now, now - state.last_time, unloaded, limits, checks):
+                        if self._judge(name, state, now, now - state.last_time, state.unloaded, state.limits, checks):
                             changed.append((name, bool(state.plateaus)))
                 state.last, state.last_time = current, now
                 completed = current.reads_completed + current.writes_completed
-                state.completed_window.append((now, completed, probe_completions))
+                state.completed_window.append((now, completed, completions[name]))
                 while (
                     state.completed_window
                     and state.completed_window[0][0] < now - self.window_samples * self.sample_interval
@@ -366,6 +421,19 @@ class ThrottleDetector:
         for request in checks:
             assert self.request_check is not None
             self.request_check(request)
+
+    @staticmethod
+    def _may_hold(state: DeviceState, second: Second | None) -> bool:
+        """Whether the window, with this new second, may hold a plateau in some direction (or held one: its end
+        is judged with fresh inputs too). Reads the window as it is before the second is added, which errs on
+        the side of asking: a second that leaves never lowers the count by more than one."""
+        if state.plateaus or state.checking is not None:
+            return True
+        busy = second is not None and any(
+            second.ops[d] >= BUSY_OPS or second.bytes[d] >= BUSY_BYTES for d in DIRECTIONS
+        )
+        n = min(len(state.window) + 1, state.window.seconds.maxlen or 0)
+        return any(n >= MIN_SAMPLES and state.window.busy[d] + (1 if busy else 0) >= FLAT_SHARE * n for d in DIRECTIONS)
 
     def _judge(
         self,
@@ -383,11 +451,12 @@ class ThrottleDetector:
         saw it no faster) is settled by an active check: its verdict, while it holds, decides; without one,
         a check is requested (added to `checks`) and the window is not a plateau yet."""
         was_throttled = bool(state.plateaus)
-        seconds = list(state.window)
+        possible = [d for d in DIRECTIONS if state.window.may_hold_plateau(d)]
+        seconds = list(state.window) if possible else []
         state.plateaus = {}
         state.unloaded = dict(unloaded)
         unsure: dict[str, float] = {}
-        for direction in DIRECTIONS:
+        for direction in possible:
             found = candidate(seconds, direction)
             if found is None:
                 continue
@@ -450,7 +519,7 @@ class ThrottleDetector:
             return {
                 name: replace(
                     s,
-                    window=deque(),
+                    window=Window(0),
                     last=None,
                     plateaus=dict(s.plateaus),
                     throttled_seconds=dict(s.throttled_seconds),

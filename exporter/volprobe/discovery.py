@@ -11,10 +11,16 @@ import logging
 import os
 import re
 import stat
+import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+# How long a cached identity is trusted where the kernel gives no DISKSEQ (before Linux 5.15), and so a disk
+# re-made under the same name and size cannot be told from the one before without reading it all again.
+UNSEQUENCED_TTL_S = 60.0
 
 # Kernel name prefixes that are never default targets: not volumes anyone provisioned.
 SKIP_BY_DEFAULT = ("loop", "ram", "zram", "sr", "fd", "dm-", "md", "nbd")
@@ -71,6 +77,15 @@ def _read(path: Path) -> str:
         return path.read_text(errors="replace").strip()
     except OSError:
         return ""
+
+
+def _read_small(path: str) -> str:
+    """A sysfs attribute, raw: without pathlib, for what is read every few seconds."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096).decode(errors="replace")
+    finally:
+        os.close(fd)
 
 
 def _read_int(path: Path, default: int = 0) -> int:
@@ -179,6 +194,8 @@ class Host:
         self.sys = Path(sys_root)
         self.proc = Path(proc_root)
         self.dev = Path(dev_root)
+        self._known: dict[str, tuple[str, float, BlockDevice]] = {}  # name -> (generation, when read, device)
+        self._known_lock = threading.Lock()
 
     # -- enumeration -------------------------------------------------------------------------------
 
@@ -199,9 +216,59 @@ class Host:
         udev = self._udev_properties(only=name)
         return self._device(name, udev.get(name, {}), self._dev_links().get(name, ()))
 
+    # -- identities, for those who ask every few seconds --------------------------------------------
+
+    def generation(self, name: str) -> str | None:
+        """What changes when the kernel makes a new device under this name, or resizes it: its uevent file (the
+        device number and, since Linux 5.15, DISKSEQ, which every new disk and every newly attached loop file
+        gets) and its size; where udevd runs, also when udev last wrote its properties (serials and WWNs come
+        after the kernel's event). Two small reads where resolving the device takes dozens; None without it."""
+        base = f"{self.sys}/class/block/{name}"
+        try:
+            size = _read_small(f"{base}/size")
+            try:
+                uevent = _read_small(f"{base}/uevent")
+            except FileNotFoundError:  # a tree not laid out by a kernel: its device number, and the TTL
+                uevent = "DEV=" + _read_small(f"{base}/dev")
+        except OSError:
+            return None
+        found = f"{uevent}size={size}"
+        if self._udev_in_use():
+            numbers = re.search(r"MAJOR=(\d+)\s+MINOR=(\d+)", uevent)
+            try:
+                found += f";udev={os.stat(f'/run/udev/data/b{numbers[1]}:{numbers[2]}').st_mtime_ns}" if numbers else ""
+            except OSError:
+                found += ";udev=none"
+        return found
+
+    def known_device(self, name: str) -> BlockDevice | None:
+        """device(name), read again only when its generation() changes (without DISKSEQ in it, also after
+        UNSEQUENCED_TTL_S): for the pollers that look at the same disks every few seconds. Whatever judges
+        whether a device may be written reads it afresh with device()."""
+        generation = self.generation(name)
+        now = time.monotonic()
+        with self._known_lock:
+            if generation is None:
+                self._known.pop(name, None)
+                return None
+            cached = self._known.get(name)
+        sequenced = "DISKSEQ=" in generation
+        if cached is not None and cached[0] == generation and (sequenced or now - cached[1] < UNSEQUENCED_TTL_S):
+            return cached[2]
+        device = self.device(name)
+        with self._known_lock:
+            if device is None:
+                self._known.pop(name, None)
+            else:
+                self._known[name] = (generation, now, device)
+        return device
+
+    def _udev_in_use(self) -> bool:
+        return str(self.sys) == "/sys" and os.path.isdir("/run/udev/data")
+
     def _udev_properties(self, only: str | None = None) -> dict[str, dict[str, str]]:
         """udev properties by kernel name: empty where udevd's database is missing, or off the real /sys."""
-        if self.sys != Path("/sys") or not Path("/run/udev/data").is_dir():
+        if not self._udev_in_use():
             return {}
         try:
             import pyudev

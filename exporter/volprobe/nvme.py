@@ -29,6 +29,7 @@ import ctypes
 import errno
 import fcntl
 import os
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ INSTANCE_STORE_MAGIC = 0xEC2C0D7E
 KINDS = {EBS_MAGIC: "ebs", INSTANCE_STORE_MAGIC: "instance_store"}
 # The models the devices report (sysfs .../device/model): only these are asked for the page.
 MODELS = {"Amazon Elastic Block Store": "ebs", "Amazon EC2 NVMe Instance Storage": "instance_store"}
+# The kernel's names of NVMe namespaces (nvme<controller>n<namespace>): the only disks that can be AWS's.
+NAMESPACE_NAME = re.compile(r"nvme\d+n\d+")
 MAX_BINS = 64
 _COUNTERS = struct.Struct("<II11Q")  # magic, version, then the eleven u64 fields from offset 8
 _BIN = struct.Struct("<QQII")  # lower us, upper us, count, pad

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from volprobe import discovery
+
+
+class CountingHost(discovery.Host):
+    """A Host over the fixture tree that counts the devices it resolves from sysfs."""
+
+    resolved = 0
+
+    def device(self, name: str) -> discovery.BlockDevice | None:
+        self.resolved += 1
+        return super().device(name)
 
 
 class FakeMachine:
@@ -16,6 +27,7 @@ class FakeMachine:
         self.sys = root / "sys"
         self.dev = root / "dev"
         self.proc = root / "proc"
+        self._diskseq = 0
         for path in (self.sys / "class" / "block", self.sys / "dev" / "block", self.dev, self.proc / "self"):
             path.mkdir(parents=True, exist_ok=True)
         (self.proc / "self" / "mountinfo").write_text("")
@@ -39,6 +51,11 @@ class FakeMachine:
         base = self.sys / "devices" / devpath / name
         base.mkdir(parents=True)
         (base / "dev").write_text(devnum + "\n")
+        major, minor = devnum.split(":")
+        kind = (
+            f"DEVTYPE=partition\nPARTN={partition}" if partition is not None else f"DEVTYPE=disk\nDISKSEQ={self._seq()}"
+        )
+        (base / "uevent").write_text(f"MAJOR={major}\nMINOR={minor}\nDEVNAME={name}\n{kind}\n")
         (base / "size").write_text(f"{sectors}\n")
         (base / "ro").write_text("0\n")
         for sub in ("holders", "slaves"):
@@ -58,6 +75,19 @@ class FakeMachine:
         (self.dev / name).touch()
         return base
 
+    def _seq(self) -> int:
+        """The next disk sequence number (the kernel's DISKSEQ: one per new disk or newly attached medium)."""
+        self._diskseq += 1
+        return self._diskseq
+
+    def remake(self, name: str, files: dict[str, str] | None = None) -> None:
+        """The disk under this name made anew (a new medium, a rescan): a new DISKSEQ, and these files changed."""
+        base = (self.sys / "class" / "block" / name).resolve()
+        uevent = (base / "uevent").read_text()
+        (base / "uevent").write_text(re.sub(r"DISKSEQ=\d+", f"DISKSEQ={self._seq()}", uevent))
+        for rel, content in (files or {}).items():
+            (base / rel).write_text(content)
+
     def hold(self, holder: Path, slave: Path) -> None:
         self._link(holder / "slaves" / slave.name, slave)
         self._link(slave / "holders" / holder.name, holder)
@@ -67,3 +97,6 @@ class FakeMachine:
 
     def host(self) -> discovery.Host:
         return discovery.Host(str(self.sys), str(self.proc), str(self.dev))
+
+    def counting_host(self) -> CountingHost:
+        return CountingHost(str(self.sys), str(self.proc), str(self.dev))

@@ -45,6 +45,7 @@ class ProbeSet:
         self.host = host
         self._targets: list[ResolvedTarget] = []
         self._running: list[RunningProbe] = []
+        self._by_disk: dict[str, list[RunningProbe]] = {}  # the throttle sampler asks every second, per disk
         self._lock = threading.Lock()
 
     def targets(self) -> list[ResolvedTarget]:
@@ -57,7 +58,8 @@ class ProbeSet:
 
     def on_disk(self, disk: str) -> list[RunningProbe]:
         """The probes whose I/O lands on a whole disk (directly or through a partition, dm or md device)."""
-        return [p for p in self.running() if disk in p.target.disks]
+        with self._lock:
+            return list(self._by_disk.get(disk, ()))
 
     def devices(self) -> set[str]:
         """Each probed device and the whole disks beneath it."""
@@ -83,6 +85,7 @@ class ProbeSet:
         with self._lock:
             self._targets.extend(resolved)
             self._running.extend(new)
+            self._index()
         for running in new:
             running.worker.start()
             spec = running.spec
@@ -112,12 +115,20 @@ class ProbeSet:
             stopping = [p for p in self._running if id(p.target) in ids]
             self._running = [p for p in self._running if id(p.target) not in ids]
             self._targets = [t for t in self._targets if id(t) not in ids]
+            self._index()
         stuck = _stop(stopping, timeout)
         for name in stuck:
             log.warning("probe %s is still blocked in the kernel; it exits when its request returns", name)
         targets_mod.close(gone)  # let go of their directories
         for target in gone:
             log.info("stopped probing %s (%s)%s", target.name, target.path, f": {why}" if why else "")
+
+    def _index(self) -> None:
+        """Rebuild the probes by disk (with the lock held), in the order they run."""
+        self._by_disk = {}
+        for running in self._running:
+            for disk in running.target.disks:
+                self._by_disk.setdefault(disk, []).append(running)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[str]:
         """Stop every worker; return the names of those still stuck in the kernel after `timeout`."""

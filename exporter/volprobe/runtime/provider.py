@@ -3,7 +3,9 @@ command to a hung controller waits for the kernel's admin timeout, and a scrape 
 device is read in a thread of its own, so one that hangs leaves the others read.
 
 Only the whole disks under the targets whose model is an AWS one (EBS, instance store) are asked, every
-POLL_INTERVAL_S (AWS: no more often than once a second). A device without the page is remembered and not
+POLL_INTERVAL_S (AWS: no more often than once a second). A disk is looked at only if its name is an NVMe
+namespace's, and its model is read from sysfs once, and again only when the disk changes (Host.known_device):
+on a host without AWS devices a poll reads nothing. A device without the page is remembered and not
 asked again for an hour, and said once in the log; a refusal for want of CAP_SYS_ADMIN is logged once and
 exported as volprobe_capability_available{capability="nvme_admin"} = 0; any other error is logged at most once
 an hour per device (the EBS CSI driver logged one per device per scrape: its issue 2232).
@@ -216,7 +218,9 @@ class ProviderStats:
             # A regular file, or a FIFO: a read that hangs until the test writes to it.
             usable = stat.S_ISREG(found.st_mode) or stat.S_ISFIFO(found.st_mode)
             return (page, f"{disk}:{found.st_ino}", "ebs") if usable else None
-        device = self.host.device(disk)
+        if not nvme.NAMESPACE_NAME.fullmatch(disk):  # AWS's volumes are NVMe namespaces: others cost nothing
+            return None
+        device = self.host.known_device(disk)  # read again only when the disk changes
         if device is None or device.model not in nvme.MODELS:
             return None
         return device.devnode, f"{disk}:{device.serial}", nvme.MODELS[device.model]

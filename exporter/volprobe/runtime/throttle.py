@@ -25,8 +25,6 @@ SAVE_EVERY_S = 60.0  # a lower unloaded latency is written at most this often pe
 class ThrottleWatch:
     """The throttle detector of the current configuration, and what it needs from the rest of the exporter."""
 
-    DEVICE_TTL_S = 60.0  # how long a disk's sysfs identity is trusted before it is read again
-
     def __init__(self, probes: ProbeSet, host: Host, store: Callable[[], StateStore]) -> None:
         self.probes = probes
         self.host = host
@@ -34,7 +32,7 @@ class ThrottleWatch:
         self.config = ThrottleConfig(enabled=False)
         self.detector: ThrottleDetector | None = None
         self._lock = threading.Lock()
-        self._devices: dict[str, tuple[BlockDevice, float]] = {}  # disk -> (its identity, when read)
+        self._devices: dict[str, BlockDevice] = {}  # disk -> its identity when last asked
         self._remembered: dict[tuple[str, str], tuple[float, int]] = {}  # (disk, direction) -> (seconds, unix time)
         self._saved_at: dict[str, float] = {}
         self._burst_requests: dict[str, int] = {}
@@ -76,19 +74,17 @@ class ThrottleWatch:
     # -- the unloaded service time ------------------------------------------------------------------------------
 
     def _device(self, disk: str) -> BlockDevice | None:
-        """The disk's identity, re-read every DEVICE_TTL_S: a disk replaced under the same name gets its own
-        remembered latency, not its predecessor's."""
-        cached = self._devices.get(disk)
-        if cached is not None and time.monotonic() - cached[1] < self.DEVICE_TTL_S:
-            return cached[0]
-        device = self.host.device(disk)
+        """The disk's identity, read again when the disk changes (Host.known_device): a disk replaced under the
+        same name gets its own remembered latency, not its predecessor's."""
+        device = self.host.known_device(disk)
         if device is None:
             return None
-        if cached is not None and VolumeIdentity.of(cached[0]) != VolumeIdentity.of(device):
+        cached = self._devices.get(disk)
+        if cached is not None and VolumeIdentity.of(cached) != VolumeIdentity.of(device):
             for key in [k for k in self._remembered if k[0] == disk]:
                 del self._remembered[key]
             self._saved_at.pop(disk, None)
-        self._devices[disk] = (device, time.monotonic())
+        self._devices[disk] = device
         return device
 
     def _volume(self, disk: str) -> VolumeState | None:
