@@ -3,6 +3,7 @@ checked on lab volumes in test_throttle.py."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -141,13 +142,36 @@ def test_a_window_that_cannot_hold_a_plateau_is_known_by_its_counts():
             held.append(second)
         if rng.random() < 0.1:
             held.clear()
+        # The sampler keeps the seconds too idle for any band as QUIET, without their rates (observed()).
+        quieted = [detectors.QUIET if quiet(s) else s for s in held]
         for direction in detectors.DIRECTIONS:
             judged = detectors.candidate(list(held), direction)
             may = held.may_hold_plateau(direction)
             assert may or judged is None, (direction, [s.ops[direction] for s in held])
             found += judged is not None
             skipped += not may
+            assert detectors.evaluate(quieted, direction, 0.001) == detectors.evaluate(list(held), direction, 0.001)
     assert found > 100 and skipped > 1000  # both kinds of window were met
+
+
+def quiet(second: Second) -> bool:
+    return second.ops["total"] < detectors.BUSY_OPS and second.bytes["total"] < detectors.BUSY_BYTES
+
+
+def test_a_second_too_idle_for_any_band_is_kept_as_quiet():
+    from volprobe.diskstats import DiskStats
+
+    def reading(reads: int, sectors: int, read_ms: int = 0) -> DiskStats:
+        return DiskStats(8, 0, "sda", reads, 0, sectors, read_ms, 0, 0, 0, 0, 0, 0, 0)
+
+    start = reading(100, 800)
+    assert detectors.observed(start, reading(102, 816), 1.0) is detectors.QUIET  # two probes
+    assert detectors.observed(start, reading(109, 872), 1.0) is detectors.QUIET
+    busy = detectors.observed(start, reading(110, 880), 1.0)  # 10 ops/s: may be on a band at 10
+    assert busy is not detectors.QUIET and busy.ops["read"] == 10.0
+    assert detectors.observed(start, reading(101, 800 + 2048), 1.0) is not detectors.QUIET  # 1 MiB in a second
+    assert detectors.observed(start, reading(99, 800), 1.0) is None  # a counter reset is a reset, not quiet
+    assert detectors.observed(start, reading(101, 808, read_ms=-1), 1.0) is None
 
 
 def _diskstats_line(name: str, reads: int, read_ms: int, inflight: int = 0) -> str:
@@ -183,7 +207,7 @@ def test_the_sampler_asks_for_an_idle_disks_inputs_only_now_and_then(tmp_path):
             _diskstats_line("idle", idle_reads, idle_reads) + _diskstats_line("busy", busy_reads, busy_ms, 16)
         )
         detector.sample(1000.0 + second)
-    assert asked["idle"] == samples // detectors.INPUTS_EVERY_S
+    assert asked["idle"] == math.ceil(samples / detectors.INPUTS_EVERY_S)  # at 0 s, 30 s, ...
     assert asked["busy"] > samples - detectors.MIN_SAMPLES  # from when the window could hold one, every sample
     assert detector.is_throttled("busy") and not detector.is_throttled("idle")
     assert detector.snapshot()["idle"].unloaded == {d: 0.001 for d in detectors.DIRECTIONS}

@@ -279,7 +279,8 @@ def test_the_target_collector_labels_a_discovered_disk_and_keeps_its_choice(kube
 # -- identities the pollers ask for every few seconds ----------------------------------------------------------
 
 
-def test_a_known_device_is_read_again_only_when_the_disk_changes(machine):
+def test_a_known_device_is_read_again_only_when_the_disk_changes(machine, monkeypatch):
+    monkeypatch.setattr(discovery, "KNOWN_RECHECK_S", 0.0)  # looked at every time: each change is seen at once
     path = nvme_controller(machine, "nvme1", "vol0123456789abcdef0", "Amazon Elastic Block Store")
     disk = machine.block(path, "nvme1n1", "259:0", 2 * 1024**3 // 512)
     (disk / "device").symlink_to("..")
@@ -310,14 +311,16 @@ def test_without_diskseq_a_known_device_is_read_again_after_a_while(machine, mon
     assert host.resolved == 1
     (disk / "loop" / "backing_file").write_text("/images/b.img\n")
     monkeypatch.setattr(discovery, "UNSEQUENCED_TTL_S", 0.0)
+    monkeypatch.setattr(discovery, "KNOWN_RECHECK_S", 0.0)
     assert host.known_device("loop0").backing_file == "/images/b.img"
     assert host.resolved == 2
 
 
 @pytest.mark.root
-def test_a_loop_device_attached_to_another_file_is_known_anew(make_loop, tmp_path):
+def test_a_loop_device_attached_to_another_file_is_known_anew(make_loop, tmp_path, monkeypatch):
     """On this kernel: detaching a loop device and attaching another file gives it a new DISKSEQ, which is all
     known_device() reads to tell."""
+    monkeypatch.setattr(discovery, "KNOWN_RECHECK_S", 0.0)
     device = make_loop(size=16 * 2**20)
     name = device.rsplit("/", 1)[1]
     host = CountingHost()
@@ -331,3 +334,18 @@ def test_a_loop_device_attached_to_another_file_is_known_anew(make_loop, tmp_pat
     now = host.known_device(name)
     assert host.resolved == 2
     assert now is not None and now.backing_file == str(other) != first.backing_file
+
+
+def test_a_known_device_checked_a_moment_ago_is_not_looked_at_again(machine, monkeypatch):
+    """The throttle sampler asks once per direction in a row: the first look serves the others."""
+    machine.block("virtual/block", "vdb", "253:16", 2048)
+    host = machine.counting_host()
+    looked = []
+    generation = host.generation
+    monkeypatch.setattr(host, "generation", lambda name: looked.append(name) or generation(name))
+    for _ in range(3):
+        assert host.known_device("vdb") is not None
+    assert looked == ["vdb"] and host.resolved == 1
+    monkeypatch.setattr(discovery, "KNOWN_RECHECK_S", 0.0)
+    host.known_device("vdb")
+    assert looked == ["vdb", "vdb"] and host.resolved == 1

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from volprobe import nvme
+from volprobe import discovery, nvme
 from volprobe.capabilities import Capabilities
 from volprobe.runtime.provider import ProviderStats
 
@@ -273,8 +273,9 @@ def test_a_device_whose_page_read_hangs_blocks_neither_scrapes_nor_other_devices
             os.close(os.open(pages / hung_name, os.O_WRONLY | os.O_NONBLOCK))
 
 
-def test_a_provider_poll_reads_nothing_of_disks_that_cannot_be_aws(tmp_path):
+def test_a_provider_poll_reads_nothing_of_disks_that_cannot_be_aws(tmp_path, monkeypatch):
     """Only NVMe namespaces can be AWS devices; each is resolved from sysfs once, and again when it changes."""
+    monkeypatch.setattr(discovery, "KNOWN_RECHECK_S", 0.0)  # each poll looks: the change below is seen at once
     machine = FakeMachine(tmp_path)
     for name, devnum in (("sda", "8:0"), ("loop0", "7:0"), ("vda", "253:0")):
         machine.block("virtual/block", name, devnum, 2048)

@@ -30,7 +30,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -56,8 +56,8 @@ CHECK_LEVEL = 0.10  # "the same plateau": its ceiling within 10% of the one chec
 CHECK_MIN_INTERVAL_S = 60.0  # at most one active check per disk this often
 # How often the sampler asks the exporter for a disk's unloaded latency and limits when its window cannot hold
 # a plateau (Window.may_hold_plateau); a window that may is judged with fresh ones at every sample. The unloaded
-# latency moves at most once per ten probes (stats.FLOOR_GROUP), and limits at a reload.
-INPUTS_EVERY_S = 10.0
+# latency only falls, by a 10-probe median at a time (stats.FLOOR_GROUP), and limits change at a reload.
+INPUTS_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,24 @@ def second_between(before: diskstats.DiskStats, after: diskstats.DiskStats, elap
             "total": wait(read_ms + write_ms, reads + writes),
         },
     )
+
+
+def observed(before: diskstats.DiskStats, after: diskstats.DiskStats, elapsed: float) -> Second | None:
+    """second_between(), or QUIET for a second too idle to sit in any flat band: fewer than BUSY_OPS requests
+    and BUSY_BYTES bytes a second, all directions together. Such a second is never in a band, and the high
+    level is the same or below rule 2's whatever its rates were, so its rates change no verdict."""
+    reads = after.reads_completed - before.reads_completed
+    writes = after.writes_completed - before.writes_completed
+    sectors_read = after.sectors_read - before.sectors_read
+    sectors_written = after.sectors_written - before.sectors_written
+    waited = min(after.read_time_ms - before.read_time_ms, after.write_time_ms - before.write_time_ms)
+    if (
+        min(reads, writes, sectors_read, sectors_written, waited) >= 0
+        and reads + writes < BUSY_OPS * elapsed
+        and (sectors_read + sectors_written) * diskstats.SECTOR_BYTES < BUSY_BYTES * elapsed
+    ):
+        return QUIET
+    return second_between(before, after, elapsed)
 
 
 @dataclass(frozen=True)
@@ -238,10 +256,11 @@ class Window:
         self.busy = dict.fromkeys(DIRECTIONS, 0)
 
     def append(self, second: Second) -> None:
-        if len(self.seconds) == self.seconds.maxlen:
+        if len(self.seconds) == self.seconds.maxlen and self.seconds[0] is not QUIET:
             self._count(self.seconds[0], -1)
         self.seconds.append(second)
-        self._count(second, 1)
+        if second is not QUIET:
+            self._count(second, 1)
 
     def clear(self) -> None:
         self.seconds.clear()
@@ -251,6 +270,18 @@ class Window:
         """Rules 1 to 3 can hold: enough seconds, and enough of them busy. False means candidate() is None."""
         n = len(self.seconds)
         return n >= MIN_SAMPLES and self.busy[direction] >= FLAT_SHARE * n
+
+    def may_hold_any(self, adding: Second | None = None) -> bool:
+        """may_hold_plateau() in some direction; with `adding`, as it would be once that second is added (or
+        a little more, never less: the second that would leave is not taken off)."""
+        n = len(self.seconds)
+        most = max(self.busy.values())
+        if adding is not None:
+            n = min(n + 1, self.seconds.maxlen or 0)
+            most += adding is not QUIET and any(
+                adding.ops[d] >= BUSY_OPS or adding.bytes[d] >= BUSY_BYTES for d in DIRECTIONS
+            )
+        return n >= MIN_SAMPLES and most >= FLAT_SHARE * n
 
     def _count(self, second: Second, step: int) -> None:
         for direction in DIRECTIONS:
@@ -268,6 +299,8 @@ class Window:
 # still, so that rounding never leaves out a second that _flat_band keeps.
 BUSY_OPS = (1 - FLAT_TOLERANCE) * MIN_OPS * (1 - 1e-9)
 BUSY_BYTES = (1 - FLAT_TOLERANCE) * MIN_BYTES * (1 - 1e-9)
+_NOTHING = dict.fromkeys(DIRECTIONS, 0.0)
+QUIET = Second(_NOTHING, _NOTHING, _NOTHING, dict.fromkeys(DIRECTIONS, math.nan))  # see observed()
 
 
 @dataclass
@@ -321,7 +354,7 @@ class ThrottleDetector:
 
     def __init__(
         self,
-        devices: Callable[[], set[str]],
+        devices: Callable[[], Set[str]],
         unloaded_latency: Callable[[str, str], float | None],
         limits: Callable[[str], tuple[float | None, float | None]],
         on_change: Callable[[str, bool], None],
@@ -338,6 +371,7 @@ class ThrottleDetector:
         self.on_change = on_change
         self.probe_completions = probe_completions
         self.proc_root = Path(proc_root)
+        self._diskstats = diskstats.Reader(proc_root)  # held open by the sampler's thread, closed as it ends
         self.sample_interval = sample_interval
         self.window_samples = max(MIN_SAMPLES, round(window / sample_interval))
         self._states: dict[str, DeviceState] = {}
@@ -357,7 +391,10 @@ class ThrottleDetector:
     def _run(self) -> None:
         name_this_thread("vp throttle")
         # A failed sample is logged, counted and retried after a back-off: detection never ends silently.
-        supervise.run("throttle", self._sample_forever, self._stop, "throttle sampling")
+        try:
+            supervise.run("throttle", self._sample_forever, self._stop, "throttle sampling")
+        finally:
+            self._diskstats.close()
 
     def _sample_forever(self) -> None:
         next_time = time.monotonic()
@@ -377,14 +414,14 @@ class ThrottleDetector:
         unloaded latency and limits are asked for only when the device's window may hold a plateau, or every
         INPUTS_EVERY_S: this thread is the only one that changes the states, so it reads them unlocked."""
         wanted = self.devices()
-        stats = diskstats.read(self.proc_root, wanted)
+        stats = self._diskstats.read(wanted)
         present = [name for name in wanted if name in stats]
         seconds: dict[str, Second | None] = {}
         inputs: dict[str, tuple[dict[str, float | None], tuple[float | None, float | None]]] = {}
         for name in present:
             state = self._states.get(name)
             if state is not None and state.last is not None:
-                seconds[name] = second_between(state.last, stats[name], now - state.last_time)
+                seconds[name] = observed(state.last, stats[name], now - state.last_time)
             if state is None or now - state.inputs_at >= INPUTS_EVERY_S or self._may_hold(state, seconds.get(name)):
                 inputs[name] = ({d: self.unloaded_latency(name, d) for d in DIRECTIONS}, self.limits(name))
         completions = {name: self.probe_completions(name) for name in present}
@@ -406,7 +443,10 @@ class ThrottleDetector:
                         state.window.clear()
                     else:
                         state.window.append(second)
-                        if self._judge(name, state, now, now - state.last_time, state.unloaded, state.limits, checks):
+                        # Neither a plateau to end nor a window that may hold one: nothing to judge.
+                        judged = state.plateaus or state.window.may_hold_any()
+                        elapsed = now - state.last_time
+                        if judged and self._judge(name, state, now, elapsed, state.unloaded, state.limits, checks):
                             changed.append((name, bool(state.plateaus)))
                 state.last, state.last_time = current, now
                 completed = current.reads_completed + current.writes_completed
@@ -425,15 +465,8 @@ class ThrottleDetector:
     @staticmethod
     def _may_hold(state: DeviceState, second: Second | None) -> bool:
         """Whether the window, with this new second, may hold a plateau in some direction (or held one: its end
-        is judged with fresh inputs too). Reads the window as it is before the second is added, which errs on
-        the side of asking: a second that leaves never lowers the count by more than one."""
-        if state.plateaus or state.checking is not None:
-            return True
-        busy = second is not None and any(
-            second.ops[d] >= BUSY_OPS or second.bytes[d] >= BUSY_BYTES for d in DIRECTIONS
-        )
-        n = min(len(state.window) + 1, state.window.seconds.maxlen or 0)
-        return any(n >= MIN_SAMPLES and state.window.busy[d] + (1 if busy else 0) >= FLAT_SHARE * n for d in DIRECTIONS)
+        is judged with fresh inputs too)."""
+        return bool(state.plateaus) or state.checking is not None or state.window.may_hold_any(second)
 
     def _judge(
         self,

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 # How long a cached identity is trusted where the kernel gives no DISKSEQ (before Linux 5.15), and so a disk
 # re-made under the same name and size cannot be told from the one before without reading it all again.
 UNSEQUENCED_TTL_S = 60.0
+KNOWN_RECHECK_S = 1.0  # a disk's generation looked at this recently is not looked at again
 
 # Kernel name prefixes that are never default targets: not volumes anyone provisioned.
 SKIP_BY_DEFAULT = ("loop", "ram", "zram", "sr", "fd", "dm-", "md", "nbd")
@@ -70,6 +71,16 @@ class BlockDevice:
     dm_name: str = ""
     links: tuple[str, ...] = field(default=(), repr=False)
     backing_file: str = ""  # a loop device's: the image it shows, the same whichever loop it is attached to
+
+
+@dataclass
+class KnownDevice:
+    """A device as Host.known_device() read it: its generation then, when it was read and last checked."""
+
+    device: BlockDevice
+    generation: str
+    read: float
+    checked: float
 
 
 def _read(path: Path) -> str:
@@ -194,7 +205,7 @@ class Host:
         self.sys = Path(sys_root)
         self.proc = Path(proc_root)
         self.dev = Path(dev_root)
-        self._known: dict[str, tuple[str, float, BlockDevice]] = {}  # name -> (generation, when read, device)
+        self._known: dict[str, KnownDevice] = {}
         self._known_lock = threading.Lock()
 
     # -- enumeration -------------------------------------------------------------------------------
@@ -243,24 +254,29 @@ class Host:
 
     def known_device(self, name: str) -> BlockDevice | None:
         """device(name), read again only when its generation() changes (without DISKSEQ in it, also after
-        UNSEQUENCED_TTL_S): for the pollers that look at the same disks every few seconds. Whatever judges
-        whether a device may be written reads it afresh with device()."""
-        generation = self.generation(name)
+        UNSEQUENCED_TTL_S): for the pollers that look at the same disks every few seconds. A generation looked
+        at less than KNOWN_RECHECK_S ago is not looked at again: the throttle sampler asks once per direction.
+        Whatever judges whether a device may be written reads it afresh with device()."""
         now = time.monotonic()
         with self._known_lock:
-            if generation is None:
+            known = self._known.get(name)
+        if known is not None and now - known.checked < KNOWN_RECHECK_S:
+            return known.device
+        generation = self.generation(name)
+        if generation is None:
+            with self._known_lock:
                 self._known.pop(name, None)
-                return None
-            cached = self._known.get(name)
+            return None
         sequenced = "DISKSEQ=" in generation
-        if cached is not None and cached[0] == generation and (sequenced or now - cached[1] < UNSEQUENCED_TTL_S):
-            return cached[2]
+        if known is not None and known.generation == generation and (sequenced or now - known.read < UNSEQUENCED_TTL_S):
+            known.checked = now
+            return known.device
         device = self.device(name)
         with self._known_lock:
             if device is None:
                 self._known.pop(name, None)
             else:
-                self._known[name] = (generation, now, device)
+                self._known[name] = KnownDevice(device, generation, read=now, checked=now)
         return device
 
     def _udev_in_use(self) -> bool:

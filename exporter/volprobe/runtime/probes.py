@@ -46,6 +46,7 @@ class ProbeSet:
         self._targets: list[ResolvedTarget] = []
         self._running: list[RunningProbe] = []
         self._by_disk: dict[str, list[RunningProbe]] = {}  # the throttle sampler asks every second, per disk
+        self._disks: frozenset[str] = frozenset()
         self._lock = threading.Lock()
 
     def targets(self) -> list[ResolvedTarget]:
@@ -60,6 +61,15 @@ class ProbeSet:
         """The probes whose I/O lands on a whole disk (directly or through a partition, dm or md device)."""
         with self._lock:
             return list(self._by_disk.get(disk, ()))
+
+    def disks(self) -> frozenset[str]:
+        """The whole disks beneath the running probes."""
+        return self._disks
+
+    def completed_on(self, disk: str) -> int:
+        """The requests the probes on a disk have completed."""
+        with self._lock:
+            return sum(running.worker.completed for running in self._by_disk.get(disk, ()))
 
     def devices(self) -> set[str]:
         """Each probed device and the whole disks beneath it."""
@@ -129,6 +139,7 @@ class ProbeSet:
         for running in self._running:
             for disk in running.target.disks:
                 self._by_disk.setdefault(disk, []).append(running)
+        self._disks = frozenset(self._by_disk)
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[str]:
         """Stop every worker; return the names of those still stuck in the kernel after `timeout`."""

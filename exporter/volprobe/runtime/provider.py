@@ -21,7 +21,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field, replace
 
 from .. import nvme, supervise
@@ -104,7 +104,7 @@ class ProviderStats:
     def __init__(
         self,
         host: Host,
-        disks: Callable[[], set[str]],
+        disks: Callable[[], Set[str]],
         on_verdict: Callable[[str, bool], None] = lambda _disk, _throttled: None,
         interval: float = POLL_INTERVAL_S,
         *,
@@ -167,7 +167,7 @@ class ProviderStats:
             self._throttled.discard(disk)
             self.on_verdict(disk, False)
 
-    def _poll(self, disks: set[str]) -> None:
+    def _poll(self, disks: Set[str]) -> None:
         now = time.monotonic()
         for disk in sorted(disks):
             reader, since = self._reading.get(disk, (None, now))

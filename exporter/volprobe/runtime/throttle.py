@@ -68,8 +68,8 @@ class ThrottleWatch:
         for running in self.probes.running():
             running.worker.set_slowdown(1.0)
 
-    def devices(self) -> set[str]:
-        return {disk for target in self.probes.targets() for disk in target.disks}
+    def devices(self) -> frozenset[str]:
+        return self.probes.disks()
 
     # -- the unloaded service time ------------------------------------------------------------------------------
 
@@ -146,7 +146,7 @@ class ThrottleWatch:
         """volprobe's own I/O on the disk: its probes' and its active checks'."""
         with self._lock:
             bursts = self._burst_requests.get(disk, 0)
-        return sum(p.worker.completed for p in self.probes.on_disk(disk)) + bursts
+        return self.probes.completed_on(disk) + bursts
 
     def changed(self, disk: str, throttled: bool) -> None:
         """Probes back off while their disk is throttled, so volprobe never adds to the throttling it reports:
