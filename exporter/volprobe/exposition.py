@@ -11,7 +11,7 @@ output never differs (a test compares the two on the real exporter's registry).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.core import Metric
@@ -78,6 +78,13 @@ class SeriesFamily(Metric):
     def add(self, one: Series, value: float) -> None:
         self.series.append(one)
         self.values.append(value)
+
+    def extend(self, several: Sequence[Series], values: Sequence[float]) -> None:
+        """Several series at once (a histogram's, a summary's): one call, not one per sample."""
+        if len(several) != len(values):
+            raise ValueError(f"{len(several)} series, {len(values)} values")
+        self.series.extend(several)
+        self.values.extend(values)
 
     @property
     def samples(self) -> list[Sample]:
