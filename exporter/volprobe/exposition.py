@@ -10,6 +10,7 @@ output never differs (a test compares the two on the real exporter's registry).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -116,6 +117,7 @@ class TextExposition:
     def __init__(self) -> None:
         self._series: dict[tuple[str | tuple[str, str], ...], str] = {}
         self._numbers: dict[float, str] = {}
+        self._earlier: dict[float, str] = {}  # what _numbers held before it was last full
 
     def generate(self, registry: Collector) -> bytes:
         """What generate_latest(registry) returns, for the default (underscores) escaping."""
@@ -139,13 +141,20 @@ class TextExposition:
 
     def _number(self, value: float) -> str:
         text = self._numbers.get(value)
+        if text is not None:
+            return text
+        if value == 0:  # the commonest value: not kept, as -0.0 == 0.0 would share its text
+            return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+        if value != value:  # NaN (an empty window's quantiles): never equal, so never found in a dict
+            return "NaN"
+        text = self._earlier.get(value)
         if text is None:
             text = floatToGoString(value)
-            # Counts and bounds repeat; zero is not kept (-0.0 == 0.0 would share its text), nor NaN (never equal).
-            if value and value == value:
-                if len(self._numbers) >= _CACHE_LIMIT // 8:  # one-off floats (sums, ages) filled it: start afresh
-                    self._numbers.clear()
-                self._numbers[value] = text
+        if len(self._numbers) >= _CACHE_LIMIT // 8:
+            # One-off floats (sums, ages) filled it: it becomes the earlier generation, from which the numbers
+            # still in use (counts, bounds) come back at their next use; the rest is forgotten with it.
+            self._earlier, self._numbers = self._numbers, {}
+        self._numbers[value] = text
         return text
 
     def _family(self, metric: Metric) -> list[str]:
