@@ -2,10 +2,11 @@
 
 generate_latest validates, sorts and escapes every label of every sample on every scrape; with 64 targets that
 was most of a scrape's CPU. Here a series' `name{labels}` text is rendered once and remembered: collectors
-whose series live as long as a probe hold them as Series and fill a SeriesFamily, whose lines are written as
-they are; other families' series texts are remembered by the TextExposition that writes them (the server
-keeps one). A family whose names are not in the legacy character set is left to generate_latest, so the
-output never differs (a test compares the two on the real exporter's registry).
+whose series live as long as a probe or a disk (probe, diskstats, throttle) hold them as Series and fill a
+SeriesFamily, whose lines are written as they are; other families' series texts are remembered by the
+TextExposition that writes them (the server keeps one). A family whose names are not in the legacy character
+set is left to generate_latest, so the output never differs (a test compares the two on the real exporter's
+registry).
 """
 
 from __future__ import annotations
