@@ -9,6 +9,7 @@ import pytest
 
 from volprobe import app, collectors, config, metrics
 from volprobe.collectors import probe as probe_collector
+from volprobe.exposition import Series
 
 from .support import fakeview
 from .support.harness import MIB
@@ -110,3 +111,28 @@ def test_each_disk_under_a_target_has_its_own_series(make_loop, start_exporter):
     (info,) = [labels for labels, _ in samples["volprobe_target_info"]]
     disks = {(labels["target"], labels["disk"]) for labels, v in samples["volprobe_target_disk_info"] if v == 1}
     assert disks == {(info["target"], disk) for disk in info["disks"].split(",")} == {(info["target"], loop[5:])}
+
+
+@pytest.mark.parametrize("name", ["diskstats", "throttle"])
+def test_a_disks_series_are_rendered_once_and_go_with_it(name):
+    """The diskstats and throttle collectors keep each disk's rendered series from one scrape to the next (a
+    scrape then only writes values), and forget a disk's when it is no longer exported: it comes back with new
+    ones, and a collector holds no more series than its disks have."""
+    view = fakeview.golden_view()
+    collector = collectors.REGISTRY[name].factory(view)
+
+    def series() -> dict[str, Series]:
+        return {one.text: one for family in collector.collect() for one in family.series}
+
+    first = series()
+    assert first and all(later is first[text] for text, later in series().items())
+    disks, throttle = view.disks, view.throttle
+    kept = "nvme1n1"
+    view.disks = {kept: disks[kept]}
+    view.throttle = {kept: throttle[kept]} if throttle else None
+    alone = series()
+    assert alone.keys() < first.keys() and all(one is first[text] for text, one in alone.items())
+    view.disks, view.throttle = disks, throttle
+    back = series()
+    assert back.keys() == first.keys()
+    assert all((back[text] is first[text]) == (text in alone) for text in back)

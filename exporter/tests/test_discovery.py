@@ -349,3 +349,29 @@ def test_a_known_device_checked_a_moment_ago_is_not_looked_at_again(machine, mon
     monkeypatch.setattr(discovery, "KNOWN_RECHECK_S", 0.0)
     host.known_device("vdb")
     assert looked == ["vdb", "vdb"] and host.resolved == 1
+
+
+def test_a_scrape_matches_devices_against_kubelet_volume_mounts_only(kubelet_node):
+    """readings.kubernetes_volumes leaves out the mounts at no kubelet volume's path before matching any device:
+    the same volumes are found, and on a host without kubelet volumes no device is looked at (nor are its
+    partitions read from sysfs) at a scrape."""
+    from volprobe.runtime import readings
+
+    host = kubelet_node.host()
+    devices = list(host.devices().values())
+    every_mount = {d.name: host.kubernetes_volumes(d, host.kubelet_mounts()) for d in devices}
+    looked: list[str] = []
+    matched = host.kubernetes_volumes
+
+    def looking(device: discovery.BlockDevice, mounts: list[discovery.Mount]) -> set[tuple[str, str]]:
+        looked.append(device.name)
+        return matched(device, mounts)
+
+    host.kubernetes_volumes = looking  # type: ignore[method-assign]
+    assert readings.kubernetes_volumes(host, devices) == every_mount
+    assert sorted(looked) == sorted(d.name for d in devices)
+    looked.clear()
+    no_pods = "".join(line for line in KUBELET_MOUNTINFO.splitlines(True) if "/kubelet/" not in line)
+    (kubelet_node.proc / "1" / "mountinfo").write_text(no_pods)
+    assert readings.kubernetes_volumes(host, devices) == {}
+    assert looked == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
@@ -15,11 +17,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
-from volprobe import config
+from volprobe import config, exposition
 from volprobe.collectors import VolprobeCollector
 from volprobe.discovery import Host
-from volprobe.exposition import TextExposition, generate_text
+from volprobe.exposition import SeriesFamily, TextExposition, generate_text, series
 from volprobe.runtime import Exporter
 
 from .support.harness import MIB
@@ -69,6 +72,41 @@ def test_what_one_writer_remembers_never_changes_a_later_scrape():
         gauge.add_metric(["z"], -0.0 if scrape == 1 else 0.0)
         registry = Frozen([*odd_families(), gauge])
         assert text.generate(registry) == generate_latest(registry)
+
+
+def test_a_series_family_writes_zeros_nan_and_infinities_as_generate_latest_does():
+    """Zero and NaN are not kept in the number cache (-0.0 == 0.0, NaN != NaN) but written straight: in either
+    order, and once remembered, each keeps its own text."""
+    values = [0, 0.0, -0.0, math.nan, math.inf, -math.inf, 1e6, 123456789, 0.1, -0.0, 0]
+    family = SeriesFamily("odd_values", "values", "gauge")
+    for i, value in enumerate(values):
+        family.add(series("odd_values", {"i": str(i)}), value)
+    backwards = SeriesFamily("odd_values", "values", "gauge")
+    for i, value in reversed(list(enumerate(values))):
+        backwards.add(series("odd_values", {"i": str(i)}), value)
+    text = TextExposition()
+    for families in ([family], [backwards], [family]):
+        assert text.generate(Frozen(families)) == generate_latest(Frozen(families))
+
+
+def test_numbers_in_use_outlast_one_off_floats(monkeypatch):
+    """The number cache keeps what every scrape writes (counts, bounds) however many one-off floats (sums, ages)
+    pass through it: each scrape formats its new numbers only."""
+    formatted: list[float] = []
+
+    def formatting(value: float) -> str:
+        formatted.append(value)
+        return floatToGoString(value)
+
+    monkeypatch.setattr(exposition, "floatToGoString", formatting)
+    text = TextExposition()
+    for scrape in range(20):
+        gauge = GaugeMetricFamily("scraped_gauge", "counts and one-off sums", labels=["a"])
+        gauge.add_metric(["count"], 42)
+        for i in range(1000):
+            gauge.add_metric([f"sum{i}"], scrape * 1000 + i + 0.5)
+        assert text.generate(Frozen([gauge])) == generate_latest(Frozen([gauge]))
+    assert formatted.count(42) == 1 and len(formatted) == 1 + 20 * 1000
 
 
 @pytest.mark.root

@@ -128,6 +128,25 @@ def test_probe_stats_prometheus_buckets_and_summary():
     assert probe.snapshot("repeat", now).count == 1
 
 
+def test_a_snapshot_is_kept_until_a_sample_lands_or_the_window_moves():
+    """Scrapes faster than the probes read the same snapshot again; a new sample, or the window moving on a
+    slice (old samples leaving it), makes a new one, and never changes one already handed out."""
+    probe = stats.ProbeStats(window_s=60)  # slices of 6 s
+    second = 1_000_000_000
+    now = 1000 * second
+    probe.record(1_000_000, "first", now)
+    taken = probe.snapshot("first", now)
+    assert probe.snapshot("first", now + second) is taken  # the same slice, nothing new
+    probe.record(2_000_000, "first", now + second)
+    again = probe.snapshot("first", now + second)
+    assert again is not taken and (again.count, again.window_count) == (2, 2)
+    assert (taken.count, taken.window_count, taken.cumulative[-1]) == (1, 1, 1)  # as it was handed out
+    assert probe.snapshot("repeat", now + second).count == 0  # each touch its own
+    later = probe.snapshot("first", now + 61 * second)  # both samples have left the window, none came
+    assert later is not again and later.count == 2 and later.window_count == 0 and math.isnan(later.quantiles[0])
+    assert probe.snapshot("first", now + 61 * second + second // 2) is later  # the same slice again
+
+
 def _ratios(bounds: tuple[float, ...]) -> dict[float, float]:
     """Each bound's ratio to the one below it."""
     return {b: b / a for a, b in itertools.pairwise(bounds)}

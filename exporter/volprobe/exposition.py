@@ -2,16 +2,18 @@
 
 generate_latest validates, sorts and escapes every label of every sample on every scrape; with 64 targets that
 was most of a scrape's CPU. Here a series' `name{labels}` text is rendered once and remembered: collectors
-whose series live as long as a probe hold them as Series and fill a SeriesFamily, whose lines are written as
-they are; other families' series texts are remembered by the TextExposition that writes them (the server
-keeps one). A family whose names are not in the legacy character set is left to generate_latest, so the
-output never differs (a test compares the two on the real exporter's registry).
+whose series live as long as a probe or a disk (probe, diskstats, throttle) hold them as Series and fill a
+SeriesFamily, whose lines are written as they are; other families' series texts are remembered by the
+TextExposition that writes them (the server keeps one). A family whose names are not in the legacy character
+set is left to generate_latest, so the output never differs (a test compares the two on the real exporter's
+registry).
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.core import Metric
@@ -79,6 +81,13 @@ class SeriesFamily(Metric):
         self.series.append(one)
         self.values.append(value)
 
+    def extend(self, several: Sequence[Series], values: Sequence[float]) -> None:
+        """Several series at once (a histogram's, a summary's): one call, not one per sample."""
+        if len(several) != len(values):
+            raise ValueError(f"{len(several)} series, {len(values)} values")
+        self.series.extend(several)
+        self.values.extend(values)
+
     @property
     def samples(self) -> list[Sample]:
         return [Sample(s.name, s.labels, v, None, None) for s, v in zip(self.series, self.values, strict=True)]
@@ -109,6 +118,7 @@ class TextExposition:
     def __init__(self) -> None:
         self._series: dict[tuple[str | tuple[str, str], ...], str] = {}
         self._numbers: dict[float, str] = {}
+        self._earlier: dict[float, str] = {}  # what _numbers held before it was last full
 
     def generate(self, registry: Collector) -> bytes:
         """What generate_latest(registry) returns, for the default (underscores) escaping."""
@@ -132,13 +142,20 @@ class TextExposition:
 
     def _number(self, value: float) -> str:
         text = self._numbers.get(value)
+        if text is not None:
+            return text
+        if value == 0:  # the commonest value: not kept, as -0.0 == 0.0 would share its text
+            return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+        if value != value:  # NaN (an empty window's quantiles): never equal, so never found in a dict
+            return "NaN"
+        text = self._earlier.get(value)
         if text is None:
             text = floatToGoString(value)
-            # Counts and bounds repeat; zero is not kept (-0.0 == 0.0 would share its text), nor NaN (never equal).
-            if value and value == value:
-                if len(self._numbers) >= _CACHE_LIMIT // 8:  # one-off floats (sums, ages) filled it: start afresh
-                    self._numbers.clear()
-                self._numbers[value] = text
+        if len(self._numbers) >= _CACHE_LIMIT // 8:
+            # One-off floats (sums, ages) filled it: it becomes the earlier generation, from which the numbers
+            # still in use (counts, bounds) come back at their next use; the rest is forgotten with it.
+            self._earlier, self._numbers = self._numbers, {}
+        self._numbers[value] = text
         return text
 
     def _family(self, metric: Metric) -> list[str]:

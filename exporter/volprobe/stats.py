@@ -138,9 +138,10 @@ class TouchSeries:
     sum_ns: int = 0
 
 
-@dataclass
+@dataclass(frozen=True)
 class LatencySnapshot:
-    """A consistent copy of one touch's statistics, taken at scrape time."""
+    """A consistent copy of one touch's statistics, taken at scrape time. Scrapes may share one (see
+    ProbeStats.snapshot): nothing may change it, its lists included."""
 
     bounds: tuple[float, ...]  # upper bounds in seconds, ending with +Inf
     cumulative: list[int]  # the count of samples <= each bound
@@ -161,6 +162,9 @@ class ProbeStats:
 
     record() only queues the sample: folding into the histograms happens in batches (every PENDING_LIMIT
     samples, and at each scrape), so the worker's per-probe path stays short and warm.
+
+    A snapshot is kept until a new sample lands or the window moves on a slice: scrapes that come faster than
+    the probes (several Prometheus servers, a person's curl) read it again instead of recomputing it.
     """
 
     window_s: float
@@ -178,6 +182,8 @@ class ProbeStats:
         self._pending: deque[tuple[int, str, int]] = deque()  # append and popleft are thread-safe
         self._group: list[int] = []
         self.floor_s: float | None = None  # lowest median of FLOOR_GROUP consecutive probes: unloaded latency
+        # touch -> ((samples, window slice) it was taken at, the snapshot): all a snapshot depends on
+        self._snapshots: dict[str, tuple[tuple[int, int], LatencySnapshot]] = {}
 
     def record(self, latency_ns: int, touch: str, now_ns: int) -> None:
         self._pending.append((latency_ns, touch, now_ns))
@@ -211,11 +217,15 @@ class ProbeStats:
         series = self._series[touch]
         with self._lock:
             self._fold()
+            taken_at = (series.count, now_ns // series.window.slice_ns)
+            kept = self._snapshots.get(touch)
+            if kept is not None and kept[0] == taken_at:
+                return kept[1]
             counts = list(series.bucket_counts)
             total, sum_ns = series.count, series.sum_ns
             window_counts = series.window.counts(now_ns)
         quantiles = [q / 1e9 for q in quantiles_from_counts(window_counts, SUMMARY_QUANTILES)]
-        return LatencySnapshot(
+        snap = LatencySnapshot(
             (*self.buckets, math.inf),
             list(itertools.accumulate(counts)),
             total,
@@ -223,3 +233,5 @@ class ProbeStats:
             quantiles,
             sum(window_counts.values()),
         )
+        self._snapshots[touch] = (taken_at, snap)  # two scrapes at once: the later one's stays, both are right
+        return snap

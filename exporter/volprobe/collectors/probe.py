@@ -27,34 +27,26 @@ LATENCY, RECENT = metrics.PROBE_LATENCY, metrics.PROBE_LATENCY_RECENT
 
 
 class HistogramSeries:
-    """The bucket, count and sum series of one histogram."""
+    """The bucket, count and sum series of one histogram, in the order they are written."""
 
     def __init__(self, spec: metrics.MetricSpec[Any], labels: dict[str, str], bounds: tuple[float, ...]) -> None:
         bounds_text = [*(floatToGoString(bound) for bound in bounds), "+Inf"]
-        self.buckets = [spec.series(spec.bucket, {**labels, "le": le}) for le in bounds_text]
-        self.count = spec.series(spec.count, labels)
-        self.sum = spec.series(spec.sum, labels)
+        buckets = [spec.series(spec.bucket, {**labels, "le": le}) for le in bounds_text]
+        self.series = (*buckets, spec.series(spec.count, labels), spec.series(spec.sum, labels))
 
     def add(self, family: SeriesFamily, cumulative: list[int], sum_seconds: float) -> None:
-        for one, count in zip(self.buckets, cumulative, strict=True):
-            family.add(one, count)
-        family.add(self.count, cumulative[-1])
-        family.add(self.sum, sum_seconds)
+        family.extend(self.series, [*cumulative, cumulative[-1], sum_seconds])
 
 
 class SummarySeries:
-    """The quantile, count and sum series of one summary."""
+    """The quantile, count and sum series of one summary, in the order they are written."""
 
     def __init__(self, spec: metrics.MetricSpec[Any], labels: dict[str, str]) -> None:
-        self.quantiles = [spec.series(spec.name, {**labels, "quantile": floatToGoString(q)}) for q in SUMMARY_QUANTILES]
-        self.count = spec.series(spec.count, labels)
-        self.sum = spec.series(spec.sum, labels)
+        quantiles = [spec.series(spec.name, {**labels, "quantile": floatToGoString(q)}) for q in SUMMARY_QUANTILES]
+        self.series = (*quantiles, spec.series(spec.count, labels), spec.series(spec.sum, labels))
 
     def add(self, family: SeriesFamily, snap: LatencySnapshot) -> None:
-        for one, value in zip(self.quantiles, snap.quantiles, strict=True):
-            family.add(one, value)
-        family.add(self.count, snap.count)
-        family.add(self.sum, snap.sum_seconds)
+        family.extend(self.series, [*snap.quantiles, snap.count, snap.sum_seconds])
 
 
 class ProbeSeries:

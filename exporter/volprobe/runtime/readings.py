@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from ..discovery import BlockDevice, Host
+from ..discovery import BlockDevice, Host, kubernetes_volume
 from ..state import StateStore
 from ..stats import TOUCHES
 from ..view import DiskThrottle, ProbeReading, ProviderDevice, TargetReading, VolumeReading, WarmupReading
@@ -46,10 +46,14 @@ def target_readings(probes: ProbeSet) -> list[TargetReading]:
 
 
 def kubernetes_volumes(host: Host, devices: Sequence[BlockDevice]) -> dict[str, set[tuple[str, str]]]:
-    """kubelet's mounts read once for all the devices."""
+    """kubelet's mounts read once for all the devices. Only the mounts at a kubelet volume's path can name one,
+    so the others are left out first: on a node of many pods each device is matched against a few mounts, not
+    hundreds, and on a host without kubelet no device is looked at (nor its partitions read from sysfs)."""
     if not devices:
         return {}
-    mounts = host.kubelet_mounts()
+    mounts = [mount for mount in host.kubelet_mounts() if kubernetes_volume(mount.mount_point)[0]]
+    if not mounts:
+        return {}
     return {device.name: host.kubernetes_volumes(device, mounts) for device in devices}
 
 
