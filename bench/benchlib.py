@@ -119,10 +119,11 @@ def fio_paced(device: str, op: str, block_size: int, rate: float, runtime: float
 # -- the exporter ---------------------------------------------------------------------------------------
 
 
-def start_exporter(config_text: str) -> RunningExporter:
-    """The real `volprobe` process on a loopback port, with this configuration; its files in a fresh
-    temporary directory. RunningExporter: get(), value(name, **labels), cpu_seconds(), rss_bytes(), stop()."""
-    directory = Path(tempfile.mkdtemp(prefix="volprobe-bench-"))
+def start_exporter(config_text: str, directory: Path | None = None) -> RunningExporter:
+    """The real `volprobe` process on a loopback port, with this configuration; its files (configuration, log) in
+    `directory`, or a fresh temporary one. RunningExporter: get(), value(name, **labels), cpu_seconds(),
+    rss_bytes(), stop()."""
+    directory = directory or Path(tempfile.mkdtemp(prefix="volprobe-bench-"))
     config = harness.write_config(directory, config_text)
     return harness.start_volprobe("--config", config, log_path=directory / "log")
 
