@@ -119,12 +119,97 @@ def fio_paced(device: str, op: str, block_size: int, rate: float, runtime: float
 # -- the exporter ---------------------------------------------------------------------------------------
 
 
-def start_exporter(config_text: str) -> RunningExporter:
-    """The real `volprobe` process on a loopback port, with this configuration; its files in a fresh
-    temporary directory. RunningExporter: get(), value(name, **labels), cpu_seconds(), rss_bytes(), stop()."""
-    directory = Path(tempfile.mkdtemp(prefix="volprobe-bench-"))
+def start_exporter(config_text: str, directory: Path | None = None) -> RunningExporter:
+    """The real `volprobe` process on a loopback port, with this configuration; its files (configuration, log) in
+    `directory`, or a fresh temporary one. RunningExporter: get(), value(name, **labels), cpu_seconds(),
+    rss_bytes(), stop()."""
+    directory = directory or Path(tempfile.mkdtemp(prefix="volprobe-bench-"))
     config = harness.write_config(directory, config_text)
     return harness.start_volprobe("--config", config, log_path=directory / "log")
+
+
+# -- CPU and memory of processes, from /proc ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    """A live thread: its name (comm, cut to 15 bytes) and its CPU time so far, in seconds."""
+
+    comm: str
+    cpu: float
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far, its exited threads included (/proc/PID/stat, in clock ticks:
+    10 ms at most off at each reading)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tasks(pid: int) -> dict[int, Task]:
+    """The live threads of a process by thread id, their CPU time from /proc/PID/task/*/schedstat (nanoseconds on
+    the CPU, exact). Threads that have exited are not there: their time is only in process_cpu_seconds()."""
+    found: dict[int, Task] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # the thread exited meanwhile
+            nanoseconds = int((task / "schedstat").read_text().split()[0])
+            found[int(task.name)] = Task((task / "comm").read_text().rstrip("\n"), nanoseconds / 1e9)
+    return found
+
+
+def task_deltas(before: dict[int, Task], after: dict[int, Task]) -> dict[int, Task]:
+    """The threads alive at `after`, with the CPU time they used since `before` (all of it if born since)."""
+    return {tid: Task(task.comm, task.cpu - (before[tid].cpu if tid in before else 0.0)) for tid, task in after.items()}
+
+
+def process_tree(pid: int) -> list[int]:
+    """A process and its descendants (fio's job processes, say), by scanning /proc for parents."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+    tree, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        tree.append(current)
+        pending.extend(children.get(current, []))
+    return tree
+
+
+def tree_cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """CPU time of each of these processes, the sum of its live threads' schedstat (processes gone: left out)."""
+    found: dict[int, float] = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            found[pid] = sum(task.cpu for task in tasks(pid).values())
+    return found
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Resident memory of a process (or the sum over several), in bytes, and its threads."""
+
+    rss: int  # VmRSS
+    peak: int  # VmHWM, the peak VmRSS
+    pss: int  # Pss of /proc/PID/smaps_rollup: shared pages divided among the processes sharing them
+    threads: int
+
+    def __add__(self, other: Memory) -> Memory:
+        return Memory(self.rss + other.rss, self.peak + other.peak, self.pss + other.pss, self.threads + other.threads)
+
+
+def memory(pid: int) -> Memory:
+    """VmRSS, VmHWM and Threads of /proc/PID/status, and Pss of /proc/PID/smaps_rollup."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+
+    def kib(text: str, key: str) -> int:
+        return int(re.findall(rf"^{key}:\s+(\d+) kB", text, re.M)[0]) * 1024
+
+    threads = int(re.findall(r"^Threads:\s+(\d+)", status, re.M)[0])
+    return Memory(kib(status, "VmRSS"), kib(status, "VmHWM"), kib(rollup, "Pss"), threads)
 
 
 # -- BENCHMARKS.md ---------------------------------------------------------------------------------------
