@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from volprobe import discovery
+from volprobe.config import DiscoveryConfig
+from volprobe.runtime.follow import candidates
 
 from .support.harness import run
 from .support.machine import CountingHost, FakeMachine
@@ -375,3 +377,22 @@ def test_a_scrape_matches_devices_against_kubelet_volume_mounts_only(kubelet_nod
     (kubelet_node.proc / "1" / "mountinfo").write_text(no_pods)
     assert readings.kubernetes_volumes(host, devices) == {}
     assert looked == []
+
+
+def test_a_rescan_looks_only_at_the_devices_its_rules_select_and_once(machine, monkeypatch):
+    """Discovery rescans every few seconds: names are judged first, and a selected device is resolved from sysfs
+    once, and again only when the kernel makes a new device under its name."""
+    monkeypatch.setattr(discovery, "KNOWN_RECHECK_S", 0.0)
+    sda = machine.block("pci0000:00/0000:00:10.0/host0/target0:0:0/0:0:0:0/block", "sda", "8:0", 2048)
+    machine.block(str(sda.relative_to(machine.sys / "devices")), "sda1", "8:1", 1024, partition=1)
+    machine.block("virtual/block", "loop0", "7:0", 2048)
+    machine.block("virtual/block", "vdb", "253:16", 0)  # no medium
+    host = machine.counting_host()
+    for _ in range(3):
+        assert candidates(host, DiscoveryConfig()) == {"sda": str(machine.dev / "sda")}
+    assert host.resolved == 3  # sda, sda1 (a partition: not a default candidate) and vdb, once each
+    assert candidates(host, DiscoveryConfig(include=("loop\\d+",))) == {"loop0": str(machine.dev / "loop0")}
+    assert host.resolved == 4
+    machine.remake("sda")
+    candidates(host, DiscoveryConfig())
+    assert host.resolved == 5

@@ -1,6 +1,7 @@
 """Following devices (`discovery:`): probe matching devices as they appear, stop as they go.
 
-A periodic sysfs rescan does the work (udev events, where udevd runs, only wake it early). A discovered
+A periodic sysfs rescan does the work (udev events, where udevd runs, only wake it early); it reads a device's
+identity only when the kernel made a new device under its name (Host.known_device). A discovered
 device whose probes are unchanged keeps running across rescans and reloads; one whose effective probes
 changed restarts, and the log says which key changed.
 """
@@ -32,17 +33,23 @@ DISCOVERED_STOP_TIMEOUT_S = 2.0
 
 
 def candidates(host: Host, discovery: DiscoveryConfig) -> dict[str, str]:
-    """Kernel name -> device node of every device the discovery rules select now (patterns match whole names)."""
+    """Kernel name -> device node of every device the discovery rules select now (patterns match whole names).
+    Names are judged first, and only the devices they select are looked at, as known_device() knows them (read
+    again only when the kernel made a new device under the name): a rescan every few seconds reads two small
+    files per selected device, not the whole of sysfs."""
     chosen = {}
-    for name, device in host.devices().items():
-        if device.size_bytes == 0:
-            continue  # an empty loop or a removed medium: nothing to probe
+    for name in host.names():
         if discovery.include:
             if not any(re.fullmatch(pattern, name) for pattern in discovery.include):
                 continue
-        elif device.kind != "disk" or name.startswith(SKIP_BY_DEFAULT):
+        elif name.startswith(SKIP_BY_DEFAULT):
             continue
         if any(re.fullmatch(pattern, name) for pattern in discovery.exclude):
+            continue
+        device = host.known_device(name)
+        if device is None or device.size_bytes == 0:
+            continue  # gone, an empty loop or a removed medium: nothing to probe
+        if not discovery.include and device.kind != "disk":
             continue
         chosen[name] = device.devnode
     return chosen
@@ -211,13 +218,13 @@ class DeviceFollower:
     ) -> str:
         name = target.device.name
         if name not in found:
-            present = self.host.device(name)
+            present = self.host.known_device(name)
             if present is None or present.size_bytes == 0:  # gone, or a loop device left with no file
                 return "no longer present"
             return "no longer selected by discovery"
         if name in configured:
             return "now a configured target"
-        now = self.host.device(name)
+        now = self.host.known_device(name)
         if now is None or device_identity(now) != device_identity(target.device):
             return "the device was replaced"
         wanted = discovered_target(name, found[name], discovery)
