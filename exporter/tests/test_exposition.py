@@ -1,13 +1,21 @@
-"""The fast text exposition writes exactly what prometheus_client's generate_latest writes."""
+"""The fast exposition writes exactly what prometheus_client's encoders write: the text format as
+exposition.generate_latest, OpenMetrics as openmetrics.exposition.generate_latest (in the escapings Prometheus
+asks for), on odd families and on the exporter's own registry."""
 
 from __future__ import annotations
 
+import contextlib
+import gzip
+import http.client
 import math
+import threading
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
+    GaugeHistogramMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     InfoMetricFamily,
@@ -15,17 +23,30 @@ from prometheus_client.core import (
     StateSetMetricFamily,
     SummaryMetricFamily,
 )
-from prometheus_client.exposition import generate_latest
+from prometheus_client.exposition import choose_encoder, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar, Timestamp
 from prometheus_client.utils import floatToGoString
 
 from volprobe import config, exposition
 from volprobe.collectors import VolprobeCollector
 from volprobe.discovery import Host
-from volprobe.exposition import SeriesFamily, TextExposition, generate_text, series
+from volprobe.exposition import (
+    OPENMETRICS_ESCAPINGS,
+    SeriesFamily,
+    TextExposition,
+    generate_openmetrics,
+    generate_text,
+    series,
+)
 from volprobe.runtime import Exporter
+from volprobe.server import ExporterHTTPServer, SharedRender
+from volprobe.webconfig import WebConfigWatcher
 
-from .support.harness import MIB
+from .support import golden
+from .support.harness import MIB, wait_until
 
 
 class Frozen(Collector):
@@ -46,14 +67,63 @@ def odd_families() -> list[Metric]:
     gauge.add_metric(["x", ""], float("nan"))
     gauge.add_metric(["y", "z"], float("inf"), timestamp=1700000000.25)
     gauge.add_metric(["z", "z"], -0.0)
+    gauge.add_metric(["w", "z"], float("-inf"), timestamp=Timestamp(1700000000, 5000))
     histogram = HistogramMetricFamily("odd_seconds", "h", labels=["op"])
-    histogram.add_metric(["read"], [("0.001", 1), ("+Inf", 3)], 0.5)
+    histogram.add_metric(["read"], [("0.001", 1), ("1.0", 2), ("+Inf", 3)], 0.5)
     summary = SummaryMetricFamily("odd_summary", "s", count_value=4, sum_value=1e-9)
+    quantiles = SummaryMetricFamily("odd_quantiles", "q", labels=["op"])
+    quantiles.add_metric(["read"], count_value=2, sum_value=0.25)
+    quantiles.add_sample("odd_quantiles", {"op": "read", "quantile": "0.99"}, 0.2)
+    quantiles.add_sample("odd_quantiles", {"op": "read", "quantile": "0.5"}, float("nan"))
     info = InfoMetricFamily("odd_build", "i", value={"version": "1.0", "commit": 'a"b'})
     states = StateSetMetricFamily("odd_state", "st", value={"up": True, "down": False})
+    gauge_histogram = GaugeHistogramMetricFamily("odd_queue", "gh", buckets=[("1.0", 4), ("+Inf", 5)], gsum_value=3)
+    unknown = Metric("odd_unknown", "u", "unknown")
+    unknown.add_sample("odd_unknown", {}, 7)
+    sized = GaugeMetricFamily("odd_size", "with a unit", unit="bytes")
+    sized.add_metric([], 4096)
     unnamed = GaugeMetricFamily("odd.dotted.name", "not a legacy name")
     unnamed.add_metric([], 1)
-    return [counter, gauge, histogram, summary, info, states, unnamed, GaugeMetricFamily("odd_empty", "none")]
+    ruled = GaugeMetricFamily("odd:ratio", "a recording rule's colon")
+    ruled.add_metric([], 0.5)
+    exemplified = CounterMetricFamily("odd_traced", "with an exemplar", labels=["op"])
+    exemplified.add_metric(["read"], 1, exemplar=Exemplar({"trace_id": "abc"}, 0.5, 1700000000.0))
+    return [
+        counter,
+        gauge,
+        histogram,
+        summary,
+        quantiles,
+        info,
+        states,
+        gauge_histogram,
+        unknown,
+        sized,
+        unnamed,
+        ruled,
+        exemplified,
+        GaugeMetricFamily("odd_empty", "none"),
+    ]
+
+
+def openmetrics_latest(registry: Collector, escaping: str) -> bytes:
+    """What prometheus_client answers a scrape for OpenMetrics 1.0.0 in `escaping` with."""
+    return openmetrics.generate_latest(registry, escaping=escaping, version="1.0.0")
+
+
+def left_to_prometheus_client(monkeypatch, render) -> list[str]:
+    """The families `render()` left to prometheus_client's OpenMetrics encoder."""
+    left: list[str] = []
+    encoder = openmetrics.generate_latest
+
+    def recording(registry: Collector, **options) -> bytes:
+        left.extend(metric.name for metric in registry.collect())
+        return encoder(registry, **options)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(openmetrics, "generate_latest", recording)
+        render()
+    return left
 
 
 def test_odd_families_render_the_same():
@@ -61,9 +131,41 @@ def test_odd_families_render_the_same():
     assert generate_text(registry) == generate_latest(registry)
 
 
+@pytest.mark.parametrize("escaping", OPENMETRICS_ESCAPINGS)
+def test_odd_families_render_the_same_in_openmetrics(escaping, monkeypatch):
+    """Escaped help and label values, NaN and infinities, timestamps (seconds, as given), units, _created
+    samples, info, stateset and gauge histogram families; the families it does not write itself (names out
+    of the legacy set or with a colon, exemplars) are left to prometheus_client in the escaping asked for."""
+    registry = Frozen(odd_families())
+    assert generate_openmetrics(registry, escaping) == openmetrics_latest(registry, escaping)
+    left = left_to_prometheus_client(monkeypatch, lambda: generate_openmetrics(registry, escaping))
+    assert left == ["odd.dotted.name", "odd:ratio", "odd_traced"]
+
+
+def test_openmetrics_in_other_escapings_is_refused():
+    """dots and values change legacy names too: a caller must use prometheus_client's encoder for them."""
+    for escaping in (openmetrics.DOTS, openmetrics.VALUES):
+        with pytest.raises(ValueError, match="escaping"):
+            generate_openmetrics(Frozen(odd_families()), escaping)
+
+
+@pytest.mark.parametrize("escaping", OPENMETRICS_ESCAPINGS)
+def test_the_golden_registry_renders_the_same_in_both_formats(escaping, monkeypatch):
+    """Every family /metrics serves (volprobe's, process_*, python_info) over the golden view: the same bytes
+    as prometheus_client's, none of them left to it, and the OpenMetrics parsed by prometheus_client's parser."""
+    registry = golden.registry()
+    assert generate_text(registry) == generate_latest(registry)
+    rendered = generate_openmetrics(registry, escaping)
+    assert rendered == openmetrics_latest(registry, escaping)
+    assert left_to_prometheus_client(monkeypatch, lambda: generate_openmetrics(registry, escaping)) == []
+    parsed = {family.name: family for family in text_string_to_metric_families(rendered.decode())}
+    assert parsed["volprobe_probe_latency_seconds"].type == "histogram"
+    assert parsed["volprobe_probe_errors"].type == "counter"
+
+
 def test_what_one_writer_remembers_never_changes_a_later_scrape():
-    """The server keeps one TextExposition: series and numbers it remembered from a scrape must not leak into
-    the next, whose labels and values differ."""
+    """The server keeps one TextExposition for both formats: series and numbers it remembered from a scrape
+    must not leak into the next, whose labels and values differ, in either format."""
     text = TextExposition()
     for scrape in range(3):
         gauge = GaugeMetricFamily("scraped_gauge", "changes between scrapes", labels=["a"])
@@ -72,6 +174,8 @@ def test_what_one_writer_remembers_never_changes_a_later_scrape():
         gauge.add_metric(["z"], -0.0 if scrape == 1 else 0.0)
         registry = Frozen([*odd_families(), gauge])
         assert text.generate(registry) == generate_latest(registry)
+        for escaping in OPENMETRICS_ESCAPINGS:
+            assert text.generate_openmetrics(registry, escaping) == openmetrics_latest(registry, escaping)
 
 
 def test_a_series_family_writes_zeros_nan_and_infinities_as_generate_latest_does():
@@ -87,6 +191,14 @@ def test_a_series_family_writes_zeros_nan_and_infinities_as_generate_latest_does
     text = TextExposition()
     for families in ([family], [backwards], [family]):
         assert text.generate(Frozen(families)) == generate_latest(Frozen(families))
+        assert text.generate_openmetrics(Frozen(families)) == openmetrics_latest(Frozen(families), "underscores")
+
+
+def test_a_series_has_no_colon():
+    """Colons are for recording rules; and prometheus_client's OpenMetrics turns them into underscores in
+    sample names only, so a Series' one text would not do for both formats."""
+    with pytest.raises(ValueError, match="colon"):
+        series("odd:ratio", {"a": "x"})
 
 
 def test_numbers_in_use_outlast_one_off_floats(monkeypatch):
@@ -123,5 +235,134 @@ def test_the_exporters_own_registry_renders_the_same(make_loop):
         exporter.probes.running()[0].worker.join(0.5)  # let a few probes land
         frozen = Frozen(list(registry.collect()))
         assert generate_text(frozen) == generate_latest(frozen)
+        for escaping in OPENMETRICS_ESCAPINGS:
+            assert generate_openmetrics(frozen, escaping) == openmetrics_latest(frozen, escaping)
+        families = list(text_string_to_metric_families(generate_openmetrics(frozen).decode()))
+        assert {s.labels["target"] for f in families for s in f.samples if "target" in s.labels} == {"t0", "t1", "t2"}
     finally:
         exporter.stop()
+
+
+# -- the server: what Prometheus asks for -------------------------------------------------------------------
+
+# The Accept headers Prometheus scrapes with. 2.42 (Debian's): scrape.go's scrapeAcceptHeader. From 2.49:
+# acceptHeader(DefaultScrapeProtocols), q counted down from the number of protocols it knows. 3.x adds text 1.0.0
+# and, to both 1.0.0 formats, the escaping of metric_name_escaping_scheme: allow-utf-8 unless names are validated
+# legacy, then underscores; 3.0 knew five protocols, 3.16 (the one .ci/run builds) six. Prometheus "2" and "3"
+# send theirs in the test below.
+PROMETHEUS_ACCEPT = {
+    "2": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "2.49": "application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+    "3.0": "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,"
+    "application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.4,"
+    "text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+    "3": "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.7,"
+    "application/openmetrics-text;version=0.0.1;q=0.6,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.5,"
+    "text/plain;version=0.0.4;q=0.4,*/*;q=0.3",
+    "3 legacy": "application/openmetrics-text;version=1.0.0;escaping=underscores;q=0.7,"
+    "application/openmetrics-text;version=0.0.1;q=0.6,text/plain;version=1.0.0;escaping=underscores;q=0.5,"
+    "text/plain;version=0.0.4;q=0.4,*/*;q=0.3",
+}
+
+
+@contextlib.contextmanager
+def serving(registry: Collector) -> Iterator[tuple[ExporterHTTPServer, list[str], list[str]]]:
+    """An ExporterHTTPServer on a free loopback port, with the Accept headers of its scrapes and the escapings
+    of the OpenMetrics it rendered itself recorded."""
+    server = ExporterHTTPServer(("127.0.0.1", 0), registry, WebConfigWatcher(None))
+    accepts: list[str] = []
+    fast: list[str] = []
+    render, fast_openmetrics = server._render, server.text.generate_openmetrics
+
+    def recording_render(accept: str) -> tuple[bytes, str]:
+        accepts.append(accept)
+        return render(accept)
+
+    def recording_openmetrics(registry: Collector, escaping: str) -> bytes:
+        fast.append(escaping)
+        return fast_openmetrics(registry, escaping)
+
+    server.renders = SharedRender(recording_render)
+    server.text.generate_openmetrics = recording_openmetrics
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server.ready.set()
+    try:
+        yield server, accepts, fast
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def scrape(port: int, accept: str) -> tuple[str, bytes]:
+    """(Content-Type, body) of /metrics asked for as Prometheus does: `accept`, gzip."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", "/metrics", headers={"Accept": accept, "Accept-Encoding": "gzip"})
+        response = connection.getresponse()
+        body = response.read()
+        assert response.status == 200 and response.getheader("Content-Encoding") == "gzip"
+        return response.getheader("Content-Type", ""), gzip.decompress(body)
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("prometheus", PROMETHEUS_ACCEPT)
+def test_prometheus_gets_openmetrics_rendered_fast(prometheus):
+    """Each Accept header Prometheus scrapes with gets OpenMetrics 1.0.0, written by TextExposition, the same
+    bytes as prometheus_client's encoder for that header; gzipped as before."""
+    registry = golden.registry()
+    accept = PROMETHEUS_ACCEPT[prometheus]
+    escaping = "underscores" if prometheus in ("2", "2.49", "3 legacy") else "allow-utf-8"
+    encoder, content_type = choose_encoder(accept)
+    with serving(registry) as (server, _, fast):
+        assert scrape(server.server_address[1], accept) == (content_type, encoder(registry))
+    assert content_type.startswith("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    assert fast == [escaping]
+    parsed = {family.name for family in text_string_to_metric_families(encoder(registry).decode())}
+    assert "volprobe_probe_latency_seconds" in parsed
+
+
+@pytest.mark.parametrize(
+    "accept",
+    [
+        "application/openmetrics-text;version=1.0.0;escaping=dots",
+        "application/openmetrics-text;version=1.0.0;escaping=values",
+        "application/openmetrics-text;version=2.0.0",
+        "text/plain;version=1.0.0;escaping=allow-utf-8",
+    ],
+)
+def test_what_it_does_not_write_itself_is_left_to_prometheus_client(accept):
+    """Other escapings and versions: prometheus_client's encoder, as choose_encoder picks it."""
+    registry = golden.registry()
+    encoder, content_type = choose_encoder(accept)
+    with serving(registry) as (server, _, fast):
+        assert scrape(server.server_address[1], accept) == (content_type, encoder(registry))
+    assert fast == []
+
+
+@pytest.mark.parametrize("prometheus", ["2", "3", "3 legacy"])
+def test_prometheus_scrapes_and_stores_the_fast_openmetrics(prometheus, start_prometheus):
+    """A real Prometheus (3 also with legacy name validation, which asks for underscores) sends the Accept header
+    above and stores what it gets: counters, histograms, gauges."""
+    version = prometheus.split()[0]
+    legacy = "metric_name_validation_scheme: legacy" if prometheus == "3 legacy" else ""
+    with serving(golden.registry()) as (server, accepts, fast):
+        scraper = start_prometheus(
+            f"""
+global: {{scrape_interval: 1s, scrape_timeout: 1s, {legacy}}}
+scrape_configs:
+  - job_name: volprobe
+    static_configs: [{{targets: ["127.0.0.1:{server.server_address[1]}"]}}]
+""",
+            version=version,
+        )
+        wanted = ("volprobe_build_info", "volprobe_probe_latency_seconds_bucket", "volprobe_probe_errors_total")
+        wait_until(
+            lambda: scraper.query('up{job="volprobe"} == 1') and all(scraper.query(name) for name in wanted),
+            timeout=30,
+            what="volprobe's series stored",
+        )
+    assert accepts and set(accepts) == {PROMETHEUS_ACCEPT[prometheus]}
+    assert fast and set(fast) == {"allow-utf-8" if prometheus == "3" else "underscores"}

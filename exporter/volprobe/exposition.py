@@ -1,12 +1,15 @@
-"""The Prometheus text format (0.0.4), byte for byte as prometheus_client's generate_latest writes it, faster.
+"""The Prometheus text format (0.0.4) and OpenMetrics 1.0.0, byte for byte as prometheus_client's encoders
+(exposition.generate_latest, openmetrics.exposition.generate_latest) write them, faster.
 
-generate_latest validates, sorts and escapes every label of every sample on every scrape; with 64 targets that
-was most of a scrape's CPU. Here a series' `name{labels}` text is rendered once and remembered: collectors
-whose series live as long as a probe or a disk (probe, diskstats, throttle) hold them as Series and fill a
+Those encoders validate, sort and escape every label of every sample on every scrape; with 64 targets that was
+most of a scrape's CPU. Here a series' `name{labels}` text is rendered once and remembered: collectors whose
+series live as long as a probe or a disk (probe, diskstats, throttle) hold them as Series and fill a
 SeriesFamily, whose lines are written as they are; other families' series texts are remembered by the
-TextExposition that writes them (the server keeps one). A family whose names are not in the legacy character
-set is left to generate_latest, so the output never differs (a test compares the two on the real exporter's
-registry).
+TextExposition that writes them (the server keeps one). Both formats write a sample's line alike (labels
+sorted, values escaped the same way, numbers as Go writes them; only timestamps differ), so they share these
+texts; they differ in the families' headers. A family whose names are not in the legacy character set (or,
+in OpenMetrics, that has colons, exemplars or native histograms) is left to prometheus_client's encoder, so the
+output never differs (tests compare them on the real exporter's registry).
 """
 
 from __future__ import annotations
@@ -18,16 +21,25 @@ from dataclasses import dataclass
 
 from prometheus_client.core import Metric
 from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# A metric name without colons: colons are for recording rules, not exporters; and in OpenMetrics
+# prometheus_client's underscores escaping turns them into underscores in sample names (not in # HELP).
+_PLAIN_NAME = _LEGACY_LABEL
 _NEEDS_ESCAPE = re.compile(r'[\\\n"]')
 _TYPES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
 _CACHE_LIMIT = 65536
+_EOF = "# EOF\n"
+
+OPENMETRICS_ESCAPINGS = (openmetrics.UNDERSCORES, openmetrics.ALLOWUTF8)
+"""The escapings (of an Accept header's `escaping=`) TextExposition writes OpenMetrics in: both leave names
+of the legacy character set without colons as they are (the other families are left to prometheus_client)."""
 
 
 class _One(Collector):
@@ -59,15 +71,16 @@ class Series:
 
 
 def series(name: str, labels: dict[str, str]) -> Series:
-    """A Series for a declared name and labels (legacy names only: volprobe.metrics declares no other)."""
-    if not _LEGACY_NAME.fullmatch(name) or not all(_LEGACY_LABEL.fullmatch(k) for k in labels):
-        raise ValueError(f"{name} {sorted(labels)}: not a legacy metric or label name")
+    """A Series for a declared name and labels (legacy names without colons only: volprobe.metrics declares no
+    other, and its text is then the same in both formats)."""
+    if not _PLAIN_NAME.fullmatch(name) or not all(_LEGACY_LABEL.fullmatch(k) for k in labels):
+        raise ValueError(f"{name} {sorted(labels)}: not a legacy metric or label name, or has a colon")
     return Series(name, labels, _series_text(name, labels))
 
 
 class SeriesFamily(Metric):
-    """A family filled from Series, written by generate_text without looking at a label again. Its samples
-    are made when something else reads them (generate_latest, the OpenMetrics encoder), so it reads as any
+    """A family filled from Series, written by TextExposition without looking at a label again. Its samples
+    are made when something else reads them (prometheus_client's encoders), so it reads as any
     other family."""
 
     def __init__(self, name: str, documentation: str, typ: str) -> None:
@@ -98,22 +111,34 @@ class SeriesFamily(Metric):
             raise AttributeError("a SeriesFamily is filled with add()")
 
     def lines(self, numbers: Mapping[float, str], number: Callable[[float], str]) -> list[str]:
-        """Its sample lines, each value's text from `numbers` or else `number`."""
+        """Its sample lines (the same in both formats), each value's text from `numbers` or else `number`."""
         return [f"{s.text} {numbers.get(v) or number(v)}\n" for s, v in zip(self.series, self.values, strict=True)]
 
 
-def _legacy(metric: Metric) -> bool:
-    if not _LEGACY_NAME.fullmatch(metric.name):
+def _legacy(metric: Metric, names: re.Pattern[str] = _LEGACY_NAME) -> bool:
+    """Its name and sample names match `names`, its label names are legacy ones."""
+    if not names.fullmatch(metric.name):
         return False
-    names = {sample.name for sample in metric.samples}
+    samples = {sample.name for sample in metric.samples}
     labels = {label for sample in metric.samples for label in sample.labels}
-    return all(_LEGACY_NAME.fullmatch(n) for n in names) and all(_LEGACY_LABEL.fullmatch(label) for label in labels)
+    return all(names.fullmatch(n) for n in samples) and all(_LEGACY_LABEL.fullmatch(label) for label in labels)
+
+
+def _plain_openmetrics(metric: Metric) -> bool:
+    """Names TextExposition writes in OpenMetrics as they are, and samples with a value and nothing more (an
+    exemplar, a native histogram)."""
+    if isinstance(metric, SeriesFamily):  # its series were checked by series()
+        return bool(_PLAIN_NAME.fullmatch(metric.name))
+    return _legacy(metric, _PLAIN_NAME) and all(
+        s.value is not None and s.exemplar is None and s.native_histogram is None for s in metric.samples
+    )
 
 
 class TextExposition:
-    """Writes the text format, remembering the text of series and numbers from one scrape to the next: a
-    series keeps its labels from scrape to scrape, and counts and bounds repeat. Caches, not state: a fresh
-    one writes the same bytes, only slower."""
+    """Writes the text format and OpenMetrics, remembering the text of series and numbers from one scrape to the
+    next: a series keeps its labels from scrape to scrape, and counts and bounds repeat. Both formats share these
+    caches (two scrapes in different formats may run at once: at worst a text is rendered twice). Caches, not
+    state: a fresh one writes the same bytes, only slower."""
 
     def __init__(self) -> None:
         self._series: dict[tuple[str | tuple[str, str], ...], str] = {}
@@ -128,6 +153,21 @@ class TextExposition:
                 output.extend(self._family(metric))
             else:
                 output.append(generate_latest(_One(metric)).decode("utf-8"))
+        return "".join(output).encode("utf-8")
+
+    def generate_openmetrics(self, registry: Collector, escaping: str = openmetrics.UNDERSCORES) -> bytes:
+        """What prometheus_client.openmetrics.exposition.generate_latest(registry, escaping) returns, OpenMetrics
+        1.0.0, for an escaping of OPENMETRICS_ESCAPINGS."""
+        if escaping not in OPENMETRICS_ESCAPINGS:
+            raise ValueError(f"escaping={escaping}: only {', '.join(OPENMETRICS_ESCAPINGS)} are written here")
+        output: list[str] = []
+        for metric in registry.collect():
+            if _plain_openmetrics(metric):
+                output.extend(self._openmetrics_family(metric))
+            else:
+                generic = openmetrics.generate_latest(_One(metric), escaping=escaping, version="1.0.0")
+                output.append(generic.decode("utf-8").removesuffix(_EOF))
+        output.append(_EOF)
         return "".join(output).encode("utf-8")
 
     def _series_of(self, name: str, labels: dict[str, str]) -> str:
@@ -158,6 +198,14 @@ class TextExposition:
         self._numbers[value] = text
         return text
 
+    def _line(self, sample: Sample, seconds: bool) -> str:
+        """A sample's line; its timestamp, if any, in seconds as given (OpenMetrics) or else in milliseconds."""
+        text = self._series_of(sample.name, sample.labels) if sample.labels else sample.name
+        if sample.timestamp is None:
+            return f"{text} {self._number(sample.value)}\n"
+        timestamp = sample.timestamp if seconds else int(float(sample.timestamp) * 1000)
+        return f"{text} {self._number(sample.value)} {timestamp}\n"
+
     def _family(self, metric: Metric) -> list[str]:
         name = metric.name + ("_total" if metric.type == "counter" else "_info" if metric.type == "info" else "")
         help_text = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
@@ -168,13 +216,7 @@ class TextExposition:
         om: dict[str, list[str]] = {}
         om_names = {metric.name + suffix: suffix for suffix in _OM_SUFFIXES}
         for sample in metric.samples:
-            if sample.labels:
-                line = f"{self._series_of(sample.name, sample.labels)} {self._number(sample.value)}"
-            else:
-                line = f"{sample.name} {self._number(sample.value)}"
-            if sample.timestamp is not None:
-                line += f" {int(float(sample.timestamp) * 1000):d}"
-            line += "\n"
+            line = self._line(sample, seconds=False)
             suffix = om_names.get(sample.name)
             if suffix is None:
                 out.append(line)
@@ -186,8 +228,26 @@ class TextExposition:
             out.extend(lines)
         return out
 
+    def _openmetrics_family(self, metric: Metric) -> list[str]:
+        """Its name as it is (a counter's without _total, an info's without _info), its help with quotes escaped
+        too, its unit if any; samples in the order given, _created ones among them."""
+        out = [f"# HELP {metric.name} {_value(metric.documentation)}\n", f"# TYPE {metric.name} {metric.type}\n"]
+        if metric.unit:
+            out.append(f"# UNIT {metric.name} {metric.unit}\n")
+        if isinstance(metric, SeriesFamily):
+            out.extend(metric.lines(self._numbers, self._number))
+        else:
+            out.extend(self._line(sample, seconds=True) for sample in metric.samples)
+        return out
+
 
 def generate_text(registry: Collector) -> bytes:
     """What generate_latest(registry) returns, for the default (underscores) escaping; with no cache kept (the
     server keeps a TextExposition)."""
     return TextExposition().generate(registry)
+
+
+def generate_openmetrics(registry: Collector, escaping: str = openmetrics.UNDERSCORES) -> bytes:
+    """What prometheus_client.openmetrics.exposition.generate_latest(registry, escaping) returns, for an escaping
+    of OPENMETRICS_ESCAPINGS; with no cache kept."""
+    return TextExposition().generate_openmetrics(registry, escaping)

@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from volprobe.app import build_registry
 from volprobe.exposition import generate_text
 
@@ -43,10 +45,15 @@ class FixedPlatform:
         return "Linux"
 
 
+def registry() -> CollectorRegistry:
+    """What /metrics serves for the golden view, every collector enabled, collectors timed by a clock that stands:
+    the same families on every collect()."""
+    return build_registry(golden_view(), None, str(PROC), FixedPlatform(), clock=lambda: 0.0)
+
+
 def render() -> bytes:
-    """The exposition of the golden view, every collector enabled, collectors timed by a clock that stands."""
-    registry = build_registry(golden_view(), None, str(PROC), FixedPlatform(), clock=lambda: 0.0)
-    return generate_text(registry)
+    """The exposition of the golden view."""
+    return generate_text(registry())
 
 
 def main(argv: list[str] | None = None) -> int:
