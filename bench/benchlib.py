@@ -27,6 +27,13 @@ from tests.support import harness  # noqa: E402
 from tests.support.harness import MIB, RunningExporter, loop_device, run  # noqa: E402 - also used by the scripts
 
 BENCHMARKS = REPO / "BENCHMARKS.md"
+# What a Prometheus 3.16 scrape asks for (its default scrape protocols): OpenMetrics first, and gzip.
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.7,"
+    "application/openmetrics-text;version=0.0.1;q=0.6,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.5,"
+    "text/plain;version=0.0.4;q=0.4,*/*;q=0.3",
+    "Accept-Encoding": "gzip",
+}
 
 
 # -- devices --------------------------------------------------------------------------------------------
