@@ -142,7 +142,7 @@ def test_a_window_that_cannot_hold_a_plateau_is_known_by_its_counts():
             held.append(second)
         if rng.random() < 0.1:
             held.clear()
-        # The sampler keeps the seconds too idle for any band as QUIET, without their rates (observed()).
+        # The sampler keeps the seconds too idle for any band as QUIET, without their rates (second_between()).
         quieted = [detectors.QUIET if quiet(s) else s for s in held]
         for direction in detectors.DIRECTIONS:
             judged = detectors.candidate(list(held), direction)
@@ -161,17 +161,20 @@ def quiet(second: Second) -> bool:
 def test_a_second_too_idle_for_any_band_is_kept_as_quiet():
     from volprobe.diskstats import DiskStats
 
+    def quiet_or_rates(before: DiskStats, after: DiskStats, elapsed: float) -> Second | None:
+        return detectors.second_between(before, after, elapsed, quiet_if_idle=True)
+
     def reading(reads: int, sectors: int, read_ms: int = 0) -> DiskStats:
         return DiskStats(8, 0, "sda", reads, 0, sectors, read_ms, 0, 0, 0, 0, 0, 0, 0)
 
     start = reading(100, 800)
-    assert detectors.observed(start, reading(102, 816), 1.0) is detectors.QUIET  # two probes
-    assert detectors.observed(start, reading(109, 872), 1.0) is detectors.QUIET
-    busy = detectors.observed(start, reading(110, 880), 1.0)  # 10 ops/s: may be on a band at 10
+    assert quiet_or_rates(start, reading(102, 816), 1.0) is detectors.QUIET  # two probes
+    assert quiet_or_rates(start, reading(109, 872), 1.0) is detectors.QUIET
+    busy = quiet_or_rates(start, reading(110, 880), 1.0)  # 10 ops/s: may be on a band at 10
     assert busy is not detectors.QUIET and busy.ops["read"] == 10.0
-    assert detectors.observed(start, reading(101, 800 + 2048), 1.0) is not detectors.QUIET  # 1 MiB in a second
-    assert detectors.observed(start, reading(99, 800), 1.0) is None  # a counter reset is a reset, not quiet
-    assert detectors.observed(start, reading(101, 808, read_ms=-1), 1.0) is None
+    assert quiet_or_rates(start, reading(101, 800 + 2048), 1.0) is not detectors.QUIET  # 1 MiB in a second
+    assert quiet_or_rates(start, reading(99, 800), 1.0) is None  # a counter reset is a reset, not quiet
+    assert quiet_or_rates(start, reading(101, 808, read_ms=-1), 1.0) is None
 
 
 def _diskstats_line(name: str, reads: int, read_ms: int, inflight: int = 0) -> str:

@@ -70,8 +70,13 @@ class Second:
     await_s: dict[str, float]  # average completion time (NaN without completions)
 
 
-def second_between(before: diskstats.DiskStats, after: diskstats.DiskStats, elapsed: float) -> Second | None:
-    """Rates between two diskstats readings of one device; None across a counter reset."""
+def second_between(
+    before: diskstats.DiskStats, after: diskstats.DiskStats, elapsed: float, *, quiet_if_idle: bool = False
+) -> Second | None:
+    """Rates between two diskstats readings of one device; None across a counter reset. With quiet_if_idle, QUIET
+    for a second too idle to sit in any flat band: fewer than BUSY_OPS requests and BUSY_BYTES bytes a second, all
+    directions together. Such a second is never in a band, and the high level is the same or below rule 2's
+    whatever its rates were, so its rates change no verdict (the sampler keeps it so)."""
     reads = after.reads_completed - before.reads_completed
     writes = after.writes_completed - before.writes_completed
     read_ms = after.read_time_ms - before.read_time_ms
@@ -80,6 +85,8 @@ def second_between(before: diskstats.DiskStats, after: diskstats.DiskStats, elap
     write_bytes = after.bytes_written - before.bytes_written
     if min(reads, writes, read_ms, write_ms, read_bytes, write_bytes) < 0 or elapsed <= 0:
         return None
+    if quiet_if_idle and reads + writes < BUSY_OPS * elapsed and read_bytes + write_bytes < BUSY_BYTES * elapsed:
+        return QUIET
 
     def wait(ms: int, ops: int) -> float:
         return ms / 1000 / ops if ops else float("nan")
@@ -102,24 +109,6 @@ def second_between(before: diskstats.DiskStats, after: diskstats.DiskStats, elap
             "total": wait(read_ms + write_ms, reads + writes),
         },
     )
-
-
-def observed(before: diskstats.DiskStats, after: diskstats.DiskStats, elapsed: float) -> Second | None:
-    """second_between(), or QUIET for a second too idle to sit in any flat band: fewer than BUSY_OPS requests
-    and BUSY_BYTES bytes a second, all directions together. Such a second is never in a band, and the high
-    level is the same or below rule 2's whatever its rates were, so its rates change no verdict."""
-    reads = after.reads_completed - before.reads_completed
-    writes = after.writes_completed - before.writes_completed
-    sectors_read = after.sectors_read - before.sectors_read
-    sectors_written = after.sectors_written - before.sectors_written
-    waited = min(after.read_time_ms - before.read_time_ms, after.write_time_ms - before.write_time_ms)
-    if (
-        min(reads, writes, sectors_read, sectors_written, waited) >= 0
-        and reads + writes < BUSY_OPS * elapsed
-        and (sectors_read + sectors_written) * diskstats.SECTOR_BYTES < BUSY_BYTES * elapsed
-    ):
-        return QUIET
-    return second_between(before, after, elapsed)
 
 
 @dataclass(frozen=True)
@@ -278,14 +267,12 @@ class Window:
         most = max(self.busy.values())
         if adding is not None:
             n = min(n + 1, self.seconds.maxlen or 0)
-            most += adding is not QUIET and any(
-                adding.ops[d] >= BUSY_OPS or adding.bytes[d] >= BUSY_BYTES for d in DIRECTIONS
-            )
+            most += adding is not QUIET and any(busy(adding, d) for d in DIRECTIONS)
         return n >= MIN_SAMPLES and most >= FLAT_SHARE * n
 
     def _count(self, second: Second, step: int) -> None:
         for direction in DIRECTIONS:
-            if second.ops[direction] >= BUSY_OPS or second.bytes[direction] >= BUSY_BYTES:
+            if busy(second, direction):
                 self.busy[direction] += step
 
     def __iter__(self) -> Iterator[Second]:
@@ -299,8 +286,15 @@ class Window:
 # still, so that rounding never leaves out a second that _flat_band keeps.
 BUSY_OPS = (1 - FLAT_TOLERANCE) * MIN_OPS * (1 - 1e-9)
 BUSY_BYTES = (1 - FLAT_TOLERANCE) * MIN_BYTES * (1 - 1e-9)
+
+
+def busy(second: Second, direction: str) -> bool:
+    """Busy enough in this direction to sit in a flat band."""
+    return second.ops[direction] >= BUSY_OPS or second.bytes[direction] >= BUSY_BYTES
+
+
 _NOTHING = dict.fromkeys(DIRECTIONS, 0.0)
-QUIET = Second(_NOTHING, _NOTHING, _NOTHING, dict.fromkeys(DIRECTIONS, math.nan))  # see observed()
+QUIET = Second(_NOTHING, _NOTHING, _NOTHING, dict.fromkeys(DIRECTIONS, math.nan))  # see second_between()
 
 
 @dataclass
@@ -421,7 +415,7 @@ class ThrottleDetector:
         for name in present:
             state = self._states.get(name)
             if state is not None and state.last is not None:
-                seconds[name] = observed(state.last, stats[name], now - state.last_time)
+                seconds[name] = second_between(state.last, stats[name], now - state.last_time, quiet_if_idle=True)
             if state is None or now - state.inputs_at >= INPUTS_EVERY_S or self._may_hold(state, seconds.get(name)):
                 inputs[name] = ({d: self.unloaded_latency(name, d) for d in DIRECTIONS}, self.limits(name))
         completions = {name: self.probe_completions(name) for name in present}
