@@ -46,7 +46,7 @@ def missed(samples) -> float:
 
 
 # It holds the probes' pacing to 5% missed slots at 50 ms: the other workers' CPU would add its own misses.
-@pytest.mark.xdist_group("lab-latency")  # conftest.py
+@pytest.mark.alone
 def test_the_wall_clock_stepped_back_and_forward(tmp_path, make_loop, start_exporter, clock_shim):
     loop = make_loop(64 * MIB)
     states = tmp_path / "state"
