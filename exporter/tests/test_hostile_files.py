@@ -6,6 +6,7 @@ The victims are real files and devices, checksummed before and after."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -234,6 +235,32 @@ def test_leftovers_that_are_fifos_or_symlinks_are_neither_opened_nor_removed(tmp
     assert fifo.exists() and link.is_symlink() and elsewhere.exists()
     assert not ours.exists(), "a real leftover of ours is cleared"
     assert (data / PROBE_FILE_NAME).stat().st_size == 4 * MIB
+
+
+def test_a_leftover_is_told_from_a_creation_under_way_by_its_lock_not_by_the_pid_in_its_name(tmp_path):
+    """The PID in a temporary's name is only a hint: it can be reused by an unrelated process, or belong to
+    another container's PID namespace. A creation under way holds a lock on its file that the kernel drops when
+    the creator dies; that alone tells a leftover."""
+    data = tmp_path / "data"
+    data.mkdir()
+    header = (probefile.MAGIC + b'{"size": 1}').ljust(probefile.HEADER_BYTES, b"\0")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    under_way = data / f"{PROBE_FILE_NAME}.tmp.{dead.pid}.busy"  # its creator lives on, elsewhere
+    under_way.write_bytes(header)
+    reused = data / f"{PROBE_FILE_NAME}.tmp.1.left"  # PID 1 lives, but made nothing here
+    reused.write_bytes(header)
+    creator = os.open(under_way, os.O_RDONLY)
+    try:
+        fcntl.flock(creator, fcntl.LOCK_EX)  # a separate open file: the cleaner's own flock conflicts with it
+        removed = probefile.clear_leftover_temporaries(probefile.ProbeDirectory(str(data)), PROBE_FILE_NAME)
+    finally:
+        os.close(creator)
+    assert removed == [reused.name]
+    assert under_way.exists() and not reused.exists()
+    # Once its creator is gone, it is a leftover like any other.
+    removed = probefile.clear_leftover_temporaries(probefile.ProbeDirectory(str(data)), PROBE_FILE_NAME)
+    assert removed == [under_way.name] and not under_way.exists()
 
 
 @pytest.fixture

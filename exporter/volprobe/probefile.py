@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import mmap
 import os
@@ -230,13 +231,15 @@ def ensure(directory: ProbeDirectory, name: str, size: int) -> FileIdentity:
         raise ProbeFileError(
             f"{directory.path} has {vfs.f_bavail * vfs.f_frsize} bytes free; the probe file needs {size}"
         )
-    for leftover in leftover_temporaries(directory, name):
-        with contextlib.suppress(OSError):
-            os.unlink(leftover, dir_fd=dir_fd)
+    clear_leftover_temporaries(directory, name)
     tmp = f"{name}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     # O_EXCL: a fresh probe file is only ever made under a name volprobe created.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE_OPEN, 0o600, dir_fd=dir_fd)
     try:
+        # Held until the file is whole: the kernel drops it when its creator dies, however it dies, which is
+        # how another start tells a leftover from a creation under way (a PID can be reused, or belong to
+        # another container's namespace). Taken before the header is written, so no header without the lock.
+        fcntl.flock(fd, fcntl.LOCK_EX)
         header = json.dumps({"size": size, "id": str(uuid.uuid4()), "created": int(time.time())}).encode()
         os.write(fd, (MAGIC + header).ljust(HEADER_BYTES, b"\0"))
         written = HEADER_BYTES
@@ -245,11 +248,10 @@ def ensure(directory: ProbeDirectory, name: str, size: int) -> FileIdentity:
             written += os.write(fd, chunk)
         os.fsync(fd)
     except BaseException:
-        os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
+        os.close(fd)
         raise
-    os.close(fd)
     try:
         # Never replaces: fails if a file appeared there meanwhile. Whatever the name leads to by now is judged
         # through a descriptor below, and pins every later open.
@@ -259,20 +261,19 @@ def ensure(directory: ProbeDirectory, name: str, size: int) -> FileIdentity:
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
+        os.close(fd)  # the lock goes only with the temporary name
     os.fsync(dir_fd)
     return directory.identify(name, size)
 
 
-def leftover_temporaries(directory: ProbeDirectory, name: str) -> list[str]:
-    """Temporary files of creations interrupted by a crash: ours by name, owner and header, their creator
-    gone. Each is judged through a descriptor opened without following links or blocking on FIFOs."""
+def clear_leftover_temporaries(directory: ProbeDirectory, name: str) -> list[str]:
+    """Remove the temporary files of creations interrupted by a crash, and say which: ours by name, owner and
+    header, and no longer locked by their creator. Each is judged through a descriptor opened without following
+    links or blocking on FIFOs, and removed while its lock is held, only if the name still leads to it."""
     dir_fd = directory.open()
-    found = []
+    removed = []
     for entry in os.listdir(dir_fd):
         if not entry.startswith(f"{name}.tmp."):
-            continue
-        pid = entry.split(".")[-2]
-        if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
             continue
         try:
             fd = os.open(entry, os.O_RDONLY | _SAFE_OPEN, dir_fd=dir_fd)
@@ -280,11 +281,17 @@ def leftover_temporaries(directory: ProbeDirectory, name: str) -> list[str]:
             continue  # a symlink (ELOOP), or gone: not ours
         try:
             st = os.fstat(fd)
-            ours = stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()
-            if ours and _read_header_of(fd) is not None:
-                found.append(entry)
+            if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()):
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: its creator is still at work
+            if _read_header_of(fd) is None:
+                continue
+            named = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
+            if (named.st_dev, named.st_ino) == (st.st_dev, st.st_ino):
+                os.unlink(entry, dir_fd=dir_fd)
+                removed.append(entry)
         except OSError:
             pass
         finally:
             os.close(fd)
-    return found
+    return removed
