@@ -286,9 +286,11 @@ def test_queued_warmups_survive_a_sigterm_and_a_kill_9(tmp_path, start_exporter)
                 lambda s, most=most: (
                     [progress(s, d) <= most for d in devices if state_of(s, d) == "running"] == [True]
                     and any(state_of(s, d) == "queued" for d in devices)
+                    # every volume discovered first: one attached while no exporter runs is "there at start"
+                    and all(state_of(s, d) in ("running", "queued", "done") for d in devices)
                 ),
                 timeout=20,
-                what="one warm-up running, another queued",
+                what="one warm-up running, another queued, every volume discovered",
             )
             if stop == "SIGTERM":
                 assert exporter.stop() == 0
