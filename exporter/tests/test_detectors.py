@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +215,72 @@ def test_the_sampler_asks_for_an_idle_disks_inputs_only_now_and_then(tmp_path):
     assert asked["busy"] > samples - detectors.MIN_SAMPLES  # from when the window could hold one, every sample
     assert detector.is_throttled("busy") and not detector.is_throttled("idle")
     assert detector.snapshot()["idle"].unloaded == {d: 0.001 for d in detectors.DIRECTIONS}
+
+
+def test_an_idle_disk_is_read_every_few_seconds_and_a_cap_is_flagged_as_soon_as_it_is_seen(tmp_path):
+    """Two probes a second leave a disk idle for certain over four seconds (8 requests, under rule 2's level in
+    any one second): the sampler reads it every four, and keeps the same QUIET seconds that reads every second
+    keep. A cap that starts between two reads is seen at the next one; from then on the sampler reads every
+    second, and flags the cap at most IDLE_STRIDE_MAX - 1 seconds after a sampler that never stopped doing so."""
+    cap_from, end = 60, 150
+
+    def line_at(second: int) -> str:
+        probes = 2 * min(second, cap_from)
+        capped = max(0, second - cap_from)
+        reads, read_ms = probes + 500 * capped, probes + 500 * 16 * capped  # 500 IOPS with 16 in flight
+        return _diskstats_line("d", reads, read_ms, 16 if capped else 0)
+
+    def detector(root: Path) -> detectors.ThrottleDetector:
+        root.mkdir()
+        return detectors.ThrottleDetector(
+            devices=lambda: {"d"},
+            unloaded_latency=lambda _disk, _direction: 0.001,
+            limits=lambda _disk: (None, None),
+            on_change=lambda _disk, _throttled: None,
+            probe_completions=lambda _disk: 0,
+            proc_root=root,
+            sample_interval=1.0,
+            window=60.0,
+        )
+
+    every_second, strided = detector(tmp_path / "every"), detector(tmp_path / "strided")
+    reads = {"every": 0, "strided": 0}
+    flagged: dict[str, int] = {}
+    next_read = 0
+    for second in range(end):
+        (tmp_path / "every" / "diskstats").write_text(line_at(second))
+        every_second.sample(float(second))
+        reads["every"] += 1
+        if second == next_read:
+            (tmp_path / "strided" / "diskstats").write_text(line_at(second))
+            strided.sample(float(second))
+            reads["strided"] += 1
+            next_read = second + strided.stride
+            if strided.is_throttled("d"):
+                assert strided.stride == 1, "a throttled disk is read every second"
+            if second < cap_from:  # the same QUIET seconds as reads every second keep
+                assert list(strided._states["d"].window) == list(every_second._states["d"].window)
+        for name, one in (("every", every_second), ("strided", strided)):
+            if one.is_throttled("d"):
+                flagged.setdefault(name, second)
+        if second == cap_from - 1:
+            assert strided.stride == 4  # 4 x 2 requests < 9.5 <= 5 x 2
+            assert reads["strided"] <= reads["every"] / 3
+    assert "every" in flagged and "strided" in flagged
+    assert 0 <= flagged["strided"] - flagged["every"] <= detectors.IDLE_STRIDE_MAX - 1
+
+
+def test_a_disk_busy_between_two_reads_brings_the_sampler_back_to_every_second():
+    from volprobe.diskstats import DiskStats
+
+    def reading(reads: int, sectors: int) -> DiskStats:
+        return DiskStats(8, 0, "sda", reads, 0, sectors, 0, 0, 0, 0, 0, 0, 0, 0)
+
+    start = reading(100, 800)
+    assert detectors.idle_between(start, reading(109, 872), 1.0) is True  # 9 requests in four seconds
+    assert detectors.idle_between(start, reading(110, 880), 1.0) is False  # 10 may all have come in one
+    assert detectors.idle_between(start, reading(101, 800 + 2048), 1.0) is False  # 1 MiB may have, too
+    assert detectors.idle_between(start, reading(99, 800), 1.0) is None  # a counter reset
+    assert detectors.idle_stride(start, reading(102, 816), 1.0, 1.0) == 4
+    assert detectors.idle_stride(start, reading(100, 800), 1.0, 1.0) == detectors.IDLE_STRIDE_MAX
+    assert detectors.idle_stride(start, reading(105, 840), 1.0, 1.0) == 1

@@ -58,6 +58,10 @@ CHECK_MIN_INTERVAL_S = 60.0  # at most one active check per disk this often
 # a plateau (Window.may_hold_plateau); a window that may is judged with fresh ones at every sample. The unloaded
 # latency only falls, by a 10-probe median at a time (stats.FLOOR_GROUP), and limits change at a reload.
 INPUTS_EVERY_S = 30.0
+# The most sample intervals one read of /proc/diskstats may cover while every followed disk is idle for certain
+# (idle_between): such a read stands for that many QUIET seconds, exactly what reads every second would have
+# kept. A disk that turns busy meanwhile is seen from the next read, at most IDLE_STRIDE_MAX - 1 seconds late.
+IDLE_STRIDE_MAX = 5
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,32 @@ def second_between(
             "total": wait(read_ms + write_ms, reads + writes),
         },
     )
+
+
+def idle_between(before: diskstats.DiskStats, after: diskstats.DiskStats, interval: float) -> bool | None:
+    """Whether every interval between two readings (however many lie between them) was certainly QUIET: fewer
+    than BUSY_OPS requests and BUSY_BYTES bytes per second of one interval in all of them together. None across
+    a counter reset."""
+    ops = after.reads_completed - before.reads_completed + after.writes_completed - before.writes_completed
+    moved = after.bytes_read - before.bytes_read + after.bytes_written - before.bytes_written
+    if min(ops, moved, after.read_time_ms - before.read_time_ms, after.write_time_ms - before.write_time_ms) < 0:
+        return None
+    return ops < BUSY_OPS * interval and moved < BUSY_BYTES * interval
+
+
+def idle_stride(before: diskstats.DiskStats, after: diskstats.DiskStats, elapsed: float, interval: float) -> int:
+    """How many intervals the next read may cover with its disk certainly idle through them, if it goes on at
+    the rate it had between these readings (a disk already idle): 1 to IDLE_STRIDE_MAX."""
+    if elapsed <= 0:
+        return 1
+    ops = after.reads_completed - before.reads_completed + after.writes_completed - before.writes_completed
+    moved = after.bytes_read - before.bytes_read + after.bytes_written - before.bytes_written
+    stride = IDLE_STRIDE_MAX
+    for done, limit in ((ops, BUSY_OPS), (moved, BUSY_BYTES)):
+        per_interval = done / elapsed * interval
+        while stride > 1 and stride * per_interval >= limit * interval:
+            stride -= 1
+    return stride
 
 
 @dataclass(frozen=True)
@@ -369,6 +399,7 @@ class ThrottleDetector:
         self.sample_interval = sample_interval
         self.window_samples = max(MIN_SAMPLES, round(window / sample_interval))
         self._states: dict[str, DeviceState] = {}
+        self.stride = 1  # sample intervals until the next read: more than 1 only while every disk is idle
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -394,7 +425,7 @@ class ThrottleDetector:
         next_time = time.monotonic()
         while not self._stop.is_set():
             self.sample(time.monotonic())
-            next_time += self.sample_interval
+            next_time += self.sample_interval * self.stride
             delay = next_time - time.monotonic()
             if delay < 0:  # fell behind (suspend, overload): restart the schedule instead of catching up
                 next_time, delay = time.monotonic(), 0
@@ -406,16 +437,34 @@ class ThrottleDetector:
         The callbacks into the exporter (its devices, their probes' unloaded latency, limits and completions,
         and the verdict changes) run outside this detector's lock, so a scrape never waits behind them. The
         unloaded latency and limits are asked for only when the device's window may hold a plateau, or every
-        INPUTS_EVERY_S: this thread is the only one that changes the states, so it reads them unlocked."""
+        INPUTS_EVERY_S: this thread is the only one that changes the states, so it reads them unlocked.
+
+        A read planned to cover several intervals (stride) keeps that many QUIET seconds per disk; whether each
+        disk was certainly idle through them decides the next stride, and a disk that was not brings the sampler
+        back to a read every interval."""
         wanted = self.devices()
         stats = self._diskstats.read(wanted)
         present = [name for name in wanted if name in stats]
+        planned, stride = self.stride, IDLE_STRIDE_MAX
         seconds: dict[str, Second | None] = {}
+        covered: dict[str, int] = {}  # intervals kept as QUIET, for reads that covered several
         inputs: dict[str, tuple[dict[str, float | None], tuple[float | None, float | None]]] = {}
         for name in present:
             state = self._states.get(name)
             if state is not None and state.last is not None:
-                seconds[name] = second_between(state.last, stats[name], now - state.last_time, quiet_if_idle=True)
+                current, elapsed = stats[name], now - state.last_time
+                intervals = round(elapsed / self.sample_interval)
+                if planned > 1 and intervals > 1:
+                    idle = idle_between(state.last, current, self.sample_interval)
+                    seconds[name] = None if idle is None else QUIET
+                    covered[name] = intervals
+                else:
+                    seconds[name] = second_between(state.last, current, elapsed, quiet_if_idle=True)
+                    idle = seconds[name] is QUIET
+                next_stride = idle_stride(state.last, current, elapsed, self.sample_interval) if idle else 1
+                stride = min(stride, next_stride)
+            else:
+                stride = 1  # a disk's first reading: nothing known of its rate yet
             if state is None or now - state.inputs_at >= INPUTS_EVERY_S or self._may_hold(state, seconds.get(name)):
                 inputs[name] = ({d: self.unloaded_latency(name, d) for d in DIRECTIONS}, self.limits(name))
         completions = {name: self.probe_completions(name) for name in present}
@@ -436,7 +485,8 @@ class ThrottleDetector:
                     if second is None:
                         state.window.clear()
                     else:
-                        state.window.append(second)
+                        for _ in range(min(covered.get(name, 1), self.window_samples)):
+                            state.window.append(second)
                         # Neither a plateau to end nor a window that may hold one: nothing to judge.
                         judged = state.plateaus or state.window.may_hold_any()
                         elapsed = now - state.last_time
@@ -450,6 +500,9 @@ class ThrottleDetector:
                     and state.completed_window[0][0] < now - self.window_samples * self.sample_interval
                 ):
                     state.completed_window.popleft()
+                if state.plateaus or state.checking is not None or state.window.may_hold_any():
+                    stride = 1  # a plateau to judge, or a window that may come to hold one: every interval
+            self.stride = stride
         for name, throttled in changed:
             self.on_change(name, throttled)
         for request in checks:
