@@ -229,6 +229,8 @@ def test_discovered_disks_get_the_persistent_volume_kubelet_mounts_from_them(kub
     assert host.kubernetes_volumes(devices["nvme3n1"], mounts) == {(PV_OLD, "")}  # by its partition's mount
     assert host.kubernetes_volumes(devices["nvme9n1"], mounts) == set()
     assert mounts[-2].root == "/nvme2n1" and mounts[0].root == "/"
+    # Only the mounts at kubelet volume paths: not /, /dev, /proc, nor a CSI driver's own staging directory.
+    assert [m.mount_point.split("/")[4] for m in mounts] == ["pods", "pods", "pods", "plugins", "plugins"]
 
 
 def test_without_pid_1s_mounts_kubelets_are_read_from_this_process(kubelet_node):

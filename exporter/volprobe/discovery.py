@@ -99,6 +99,18 @@ def _read_small(path: str) -> str:
         os.close(fd)
 
 
+def _read_whole(path: str) -> str:
+    """A procfs file of any length, raw: a seq_file gives a page per read."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
 def _read_int(path: Path, default: int = 0) -> int:
     try:
         return int(_read(path))
@@ -137,6 +149,11 @@ _KUBELET_PATTERNS = [
     # CSI staging (older kubelets): .../kubernetes.io/csi/pv/<pv>/globalmount
     re.compile(r"/kubernetes\.io/csi/pv/(?P<pv>[^/]+)/globalmount(?:/|$)"),
 ]
+
+
+# A substring of every mount point the patterns above match, as it stands in mountinfo (which escapes only
+# spaces, tabs, newlines and backslashes): lines without one are left out before they are parsed.
+_KUBELET_MARKERS = ("kubernetes.io", "/csi/volumeDevices/publish/")
 
 
 def kubernetes_volume(*paths: str) -> tuple[str, str]:
@@ -417,13 +434,16 @@ class Host:
             return []
 
     def kubelet_mounts(self) -> list[Mount]:
-        """The host's mounts, where kubelet's are: PID 1's mount namespace (the host's init under hostPID, or
-        with the host's /proc as --path.procfs), else this process's if PID 1's cannot be read."""
+        """The host's mounts at kubelet's volume paths (kubernetes_volume() names them): PID 1's mount namespace
+        (the host's init under hostPID, or with the host's /proc as --path.procfs), else this process's if PID
+        1's cannot be read. Read at every scrape: the other mounts are left out before they are parsed."""
         for pid in ("1", "self"):
             try:
-                return parse_mountinfo((self.proc / pid / "mountinfo").read_text())
+                text = _read_whole(f"{self.proc}/{pid}/mountinfo")
             except OSError:
                 continue
+            lines = [line for line in text.splitlines() if any(marker in line for marker in _KUBELET_MARKERS)]
+            return [mount for mount in parse_mountinfo("\n".join(lines)) if kubernetes_volume(mount.mount_point)[0]]
         return []
 
     def kubernetes_volumes(self, device: BlockDevice, mounts: list[Mount]) -> set[tuple[str, str]]:

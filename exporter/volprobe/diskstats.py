@@ -7,6 +7,7 @@ fields (5.5+). Fields a kernel does not print are None, so they are not exported
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -112,20 +113,23 @@ class Reader:
         self.path = os.path.join(proc_root, "diskstats")
         self._fd: int | None = None
         self._hints: dict[str, int] = {}  # name -> its line number in the last read
+        self._lock = threading.Lock()  # scrapes may read at once
 
     def read(self, names: Collection[str] | None = None) -> dict[str, DiskStats]:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        chunks, offset = [], 0
-        while chunk := os.pread(self._fd, 1 << 16, offset):
-            chunks.append(chunk)
-            offset += len(chunk)
-        return parse(b"".join(chunks).decode("ascii", "replace"), names, self._hints)
+        with self._lock:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            chunks, offset = [], 0
+            while chunk := os.pread(self._fd, 1 << 16, offset):
+                chunks.append(chunk)
+                offset += len(chunk)
+            return parse(b"".join(chunks).decode("ascii", "replace"), names, self._hints)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
     def __enter__(self) -> Reader:
         return self

@@ -78,6 +78,7 @@ class Exporter:
             host, self.throttle.devices, self.throttle.provider_changed, capabilities=self.found
         )
         self._lock = threading.Lock()  # reloads and discovery rescans, one at a time
+        self._diskstats = diskstats.Reader(host.proc)  # held open for the scrapes' reads
         self.follower = DeviceFollower(
             host,
             self.probes,
@@ -290,7 +291,7 @@ class Exporter:
 
     def disk_stats(self) -> dict[str, DiskStats]:
         wanted = None if self.config.diskstats == "all" else self.probed_devices()
-        return diskstats.read(self.host.proc, wanted)
+        return self._diskstats.read(wanted)
 
     def throttle_readings(self) -> dict[str, DiskThrottle] | None:
         return readings.throttle_readings(self.throttle)
@@ -310,7 +311,9 @@ class Exporter:
         self.provider.stop()
         self.throttle.stop()
         self.warmups.stop_all()
-        return self.probes.stop(timeout)
+        stuck = self.probes.stop(timeout)
+        self._diskstats.close()
+        return stuck
 
 
 @dataclass

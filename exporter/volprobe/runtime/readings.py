@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from ..discovery import BlockDevice, Host, kubernetes_volume
+from ..discovery import BlockDevice, Host
 from ..state import StateStore
 from ..stats import TOUCHES
 from ..view import DiskThrottle, ProbeReading, ProviderDevice, TargetReading, VolumeReading, WarmupReading
@@ -51,7 +51,7 @@ def kubernetes_volumes(host: Host, devices: Sequence[BlockDevice]) -> dict[str, 
     hundreds, and on a host without kubelet no device is looked at (nor its partitions read from sysfs)."""
     if not devices:
         return {}
-    mounts = [mount for mount in host.kubelet_mounts() if kubernetes_volume(mount.mount_point)[0]]
+    mounts = host.kubelet_mounts()
     if not mounts:
         return {}
     return {device.name: host.kubernetes_volumes(device, mounts) for device in devices}
