@@ -93,9 +93,9 @@ def test_a_hundred_reloads_and_attach_detach_cycles_leave_nothing_behind(tmp_pat
         # Replaced atomically, as configuration management does: a reload never reads half a file.
         staged.write_text(variant if i % 2 == 0 else base)
         os.replace(staged, config)
+        last_signal = time.time()  # before the signal: its reload may be over before the pacing sleep is
         exporter.process.send_signal(signal.SIGHUP)
         time.sleep(0.1)  # pacing the signals, not waiting for anything
-    last_signal = time.time()
 
     def reloads_done(samples: Samples) -> bool:
         # A reload finished after the last signal (its stamp is the exporter's wall clock, last_signal this
