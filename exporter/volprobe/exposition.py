@@ -26,6 +26,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from .native import NativeBuckets
+
 _LEGACY_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LEGACY_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # A metric name without colons: colons are for recording rules, not exporters; and in OpenMetrics
@@ -88,6 +90,9 @@ class SeriesFamily(Metric):
         # garbage collector to walk, which showed in the scrape's tail latency).
         self.series: list[Series] = []
         self.values: list[float] = []
+        # A histogram's native buckets, by its labels (sorted pairs, without le), made only if the protobuf
+        # exposition asks: the text formats never carry them.
+        self.native: dict[tuple[tuple[str, str], ...], Callable[[], NativeBuckets]] = {}
         super().__init__(name, documentation, typ)
 
     def add(self, one: Series, value: float) -> None:

@@ -34,7 +34,7 @@ from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 
-from . import __version__
+from . import __version__, protobuf
 from .exposition import OPENMETRICS_ESCAPINGS, TextExposition
 from .osthread import name_this_thread
 from .webconfig import TokenBucket, WebConfig, WebConfigWatcher, certificate_sans
@@ -78,6 +78,11 @@ def parse_listen_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def exposition_format(accept: str) -> str:
+    """The content type a scrape with this Accept header gets."""
+    return protobuf.CONTENT_TYPE if protobuf.wanted(accept) else choose_encoder(accept)[1]
+
+
 class SharedRender:
     """Concurrent scrapes share one render: a scrape that arrives while one is being rendered waits for it and
     gets its bytes, instead of rendering the same state again (rendering is CPU-bound and holds the GIL, so N
@@ -90,7 +95,7 @@ class SharedRender:
         self._flights: dict[str, _Flight] = {}
 
     def get(self, accept: str) -> tuple[bytes, str]:
-        key = choose_encoder(accept)[1]  # one flight per exposition format
+        key = exposition_format(accept)  # one flight per exposition format
         with self._lock:
             flight = self._flights.get(key)
             leader = flight is None
@@ -193,6 +198,8 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         return bucket.allow()
 
     def _render(self, accept: str) -> tuple[bytes, str]:
+        if protobuf.wanted(accept):  # native histograms: only for a scraper that asks for it first
+            return protobuf.generate(self.registry), protobuf.CONTENT_TYPE
         encoder, content_type = choose_encoder(accept)
         if encoder is generate_latest:  # the text format: the same bytes, rendered faster
             return self.text.generate(self.registry), content_type

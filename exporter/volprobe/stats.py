@@ -98,13 +98,16 @@ class SlidingHistogram:
         self._parts: deque[tuple[int, dict[int, int]]] = deque()
 
     def add(self, ns: int, now_ns: int) -> None:
+        self.add_index(bucket_index(ns), now_ns)
+
+    def add_index(self, index: int, now_ns: int) -> None:
+        """add() of a value whose bucket index is known."""
         number = now_ns // self.slice_ns
         if not self._parts or self._parts[-1][0] != number:
             self._parts.append((number, {}))
             while self._parts and self._parts[0][0] <= number - self.slices:
                 self._parts.popleft()
         counts = self._parts[-1][1]
-        index = bucket_index(ns)
         counts[index] = counts.get(index, 0) + 1
 
     def counts(self, now_ns: int) -> dict[int, int]:
@@ -136,6 +139,7 @@ class TouchSeries:
     window: SlidingHistogram
     count: int = 0
     sum_ns: int = 0
+    lifetime: dict[int, int] = field(default_factory=dict)  # high-resolution counts since the start, sparse
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,7 @@ class LatencySnapshot:
     sum_seconds: float
     quantiles: list[float]  # seconds, for SUMMARY_QUANTILES, NaN when the window is empty
     window_count: int
+    lifetime: dict[int, int] = field(default_factory=dict)  # a copy: high-resolution counts since the start
 
     @property
     def buckets(self) -> list[tuple[float, int]]:
@@ -200,7 +205,9 @@ class ProbeStats:
             target.bucket_counts[bisect.bisect_left(bounds, latency_ns)] += 1
             target.count += 1
             target.sum_ns += latency_ns
-            target.window.add(latency_ns, now_ns)
+            index = bucket_index(latency_ns)
+            target.lifetime[index] = target.lifetime.get(index, 0) + 1
+            target.window.add_index(index, now_ns)
             self._group.append(latency_ns)
             if len(self._group) == self.FLOOR_GROUP:
                 median = sorted(self._group)[self.FLOOR_GROUP // 2] / 1e9
@@ -224,6 +231,7 @@ class ProbeStats:
             counts = list(series.bucket_counts)
             total, sum_ns = series.count, series.sum_ns
             window_counts = series.window.counts(now_ns)
+            lifetime = dict(series.lifetime)
         quantiles = [q / 1e9 for q in quantiles_from_counts(window_counts, SUMMARY_QUANTILES)]
         snap = LatencySnapshot(
             (*self.buckets, math.inf),
@@ -232,6 +240,7 @@ class ProbeStats:
             sum_ns / 1e9,
             quantiles,
             sum(window_counts.values()),
+            lifetime,
         )
         self._snapshots[touch] = (taken_at, snap)  # two scrapes at once: the later one's stays, both are right
         return snap

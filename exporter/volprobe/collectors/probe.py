@@ -7,13 +7,13 @@ the values: with 64 targets the scrape costs a fraction of what building every s
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString
 
-from .. import metrics
+from .. import metrics, native
 from ..exposition import Series, SeriesFamily
 from ..stats import SUMMARY_QUANTILES, TOUCHES, LatencySnapshot
 from ..view import ProbeReading, RuntimeView
@@ -33,9 +33,19 @@ class HistogramSeries:
         bounds_text = [*(floatToGoString(bound) for bound in bounds), "+Inf"]
         buckets = [spec.series(spec.bucket, {**labels, "le": le}) for le in bounds_text]
         self.series = (*buckets, spec.series(spec.count, labels), spec.series(spec.sum, labels))
+        self.key = tuple(sorted(labels.items()))
 
-    def add(self, family: SeriesFamily, cumulative: list[int], sum_seconds: float) -> None:
+    def add(
+        self,
+        family: SeriesFamily,
+        cumulative: list[int],
+        sum_seconds: float,
+        lifetime: Callable[[], dict[int, int]] | None = None,
+    ) -> None:
+        """Its series' values; with `lifetime`, the high-resolution counts its native buckets come from."""
         family.extend(self.series, [*cumulative, cumulative[-1], sum_seconds])
+        if lifetime is not None:
+            family.native[self.key] = lambda: native.from_counts(lifetime())
 
 
 class SummarySeries:
@@ -91,6 +101,14 @@ class ProbeSeries:
         return one
 
 
+def _summed(a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
+    """Two high-resolution histograms as one (a probe's first and repeat touches)."""
+    result = dict(a)
+    for index, count in b.items():
+        result[index] = result.get(index, 0) + count
+    return result
+
+
 @register("probe", "probe latency, errors and specification")
 class ProbeCollector:
     def __init__(self, view: RuntimeView) -> None:
@@ -127,11 +145,13 @@ class ProbeCollector:
             for touch, snap in zip(TOUCHES, snaps, strict=True):
                 rendered.recent[touch].add(recent, snap)
                 if by_touch:
-                    rendered.latency_by_touch[touch].add(latency, snap.cumulative, snap.sum_seconds)
+                    lifetime: Callable[[], dict[int, int]] = functools.partial(dict, snap.lifetime)
+                    rendered.latency_by_touch[touch].add(latency, snap.cumulative, snap.sum_seconds, lifetime)
             if not by_touch:
                 first, repeat = snaps
                 merged = [a + b for a, b in zip(first.cumulative, repeat.cumulative, strict=True)]
-                rendered.latency.add(latency, merged, first.sum_seconds + repeat.sum_seconds)
+                both = functools.partial(_summed, first.lifetime, repeat.lifetime)
+                rendered.latency.add(latency, merged, first.sum_seconds + repeat.sum_seconds, both)
             spec = reading.spec
             missed.add(rendered.missed, reading.missed)
             counts = reading.errors
