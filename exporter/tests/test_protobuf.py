@@ -17,8 +17,8 @@ import pytest
 from volprobe import protobuf
 from volprobe.proto import metrics_pb2
 
+from .support.families import PROMETHEUS_ACCEPT, Frozen, odd_families
 from .support.harness import sample_value, start_prometheus, wait_until, write_config
-from .test_exposition import PROMETHEUS_ACCEPT, Frozen, odd_families
 
 PROTO = Path(protobuf.__file__).parent / "proto"
 PROMETHEUS_PROTOBUF_ACCEPT = (  # Prometheus 3.16 with scrape_native_histograms: true, as it sends it
@@ -262,7 +262,7 @@ def test_prometheus_takes_the_native_histograms_and_counts_what_the_exporter_cou
     feature flag, store each probe's latency as one native histogram: its count is the classic _count of the same
     scrape (3.16), or at most the exporter's own count read after it (2.42, which keeps only the native one)."""
     device = make_loop(64 * 2**20)
-    targets = f"targets: [{{name: d, device: {device}, probes: [{{op: read, interval: 50ms}}]}}]\n"
+    targets = f"targets: [{{name: d, device: {device}, probes: [{{op: read, interval: 100ms}}]}}]\n"
     exporter = start_exporter("--config", str(write_config(tmp_path, targets)))
     native_settings = (
         "scrape_native_histograms: true\n    always_scrape_classic_histograms: true\n    " if version == "3" else ""
