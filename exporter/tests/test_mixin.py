@@ -103,6 +103,33 @@ def test_mixin_configuration_changes_thresholds_and_rejects_unknown_keys(tmp_pat
     assert any("throttle_for" in p for p in caught.value.problems)
 
 
+def test_the_native_build_reads_native_histograms_and_passes_its_promtool_tests(tmp_path):
+    """`histograms: native`: the rules read each probe's native histogram (rate, histogram_quantile,
+    histogram_count), never a classic bucket or _count series, keep every recorded name, and pass promtool unit
+    tests written on native histogram input (fixtures/native_rules_test.yml). Prometheus 2.42 parses them
+    too; its promtool cannot read native input, so the tests run on 3.16."""
+    native = mixin.from_mapping({"histograms": "native"})
+    text = rules.render(native)
+    assert LATENCY_BUCKET not in text and f"{metrics.PROBE_LATENCY.count}{{" not in text
+    classic_names = {r.get("record") for g in rules.document(mixin.DEFAULTS)["groups"] for r in g["rules"]}
+    native_names = {r.get("record") for g in rules.document(native)["groups"] for r in g["rules"]}
+    assert native_names - classic_names == {rules.bucket_rate(native)}
+    assert classic_names - native_names == {rules.bucket_rate(mixin.DEFAULTS)}
+    (tmp_path / "native-rules.yml").write_text(text)
+    (tmp_path / "native_rules_test.yml").write_text((FIXTURES / "native_rules_test.yml").read_text())
+    for version in PROMETHEUS_VERSIONS:
+        checked = subprocess.run(
+            [prometheus_tool("promtool", version), "check", "rules", str(tmp_path / "native-rules.yml")],
+            capture_output=True,
+            text=True,
+        )
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+    promtool_test_rules("3", tmp_path / "native_rules_test.yml")
+
+
+LATENCY_BUCKET = metrics.PROBE_LATENCY.bucket
+
+
 def test_regeneration_is_one_command(tmp_path):
     config = tmp_path / "mixin.yml"
     config.write_text("dashboard_uid_prefix: acme\n")

@@ -87,6 +87,12 @@ class MixinConfig:
     )
     dashboard_uid_prefix: str = setting("volprobe", TEXT, "prefix of the dashboards' uids")
     dashboard_tags: tuple[str, ...] = setting(("volprobe",), schema.TEXTS, "tags of the dashboards")
+    histograms: str = setting(
+        "classic",
+        schema.choice(("classic", "native")),
+        "what the rules' latency quantiles read: the classic buckets (Prometheus 2), or native histograms "
+        "(Prometheus 3 with scrape_native_histograms)",
+    )
     interval: str = setting("", INTERVAL, "evaluation interval of the rule groups; empty: Prometheus's global")
     long_interval: str = setting(
         "5m", INTERVAL, "of the long-window group (daily quantiles, 7-day baseline), built from recorded rates"

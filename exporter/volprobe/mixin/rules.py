@@ -38,8 +38,18 @@ def by(c: MixinConfig, labels: str) -> str:
 
 
 def bucket_rate(c: MixinConfig) -> str:
-    """The per-probe bucket rates every latency quantile is built from: target_op_le:..._bucket:rate5m."""
+    """The per-probe bucket rates every latency quantile is built from: target_op_le:..._bucket:rate5m, or with
+    native histograms the rate of each probe's histogram, target_op:volprobe_probe_latency_seconds:rate5m."""
+    if c.histograms == "native":
+        return f"target_op:{LATENCY.name}:rate{c.rate_window}"
     return f"target_op_le:{LATENCY.bucket}:rate{c.rate_window}"
+
+
+def probe_count(c: MixinConfig, offset: str) -> str:
+    """The probes completed up to `offset` ago, per series: the classic _count, or the native histogram's."""
+    if c.histograms == "native":
+        return f"histogram_count({LATENCY.name}{{{c.selector}}} offset {offset})"
+    return f"{LATENCY.count}{{{c.selector}}} offset {offset}"
 
 
 def quantile(c: MixinConfig, name: str) -> str:
@@ -87,6 +97,13 @@ def renamed(c: MixinConfig) -> dict[str, str]:
     return names
 
 
+def _increase_of_count(c: MixinConfig) -> str:
+    """The probes completed over missing_window, per series."""
+    if c.histograms == "native":
+        return f"histogram_count(increase({LATENCY.name}{{{c.selector}}}[{c.missing_window}]))"
+    return f"increase({LATENCY.count}{{{c.selector}}}[{c.missing_window}])"
+
+
 def _seconds_text(value: str) -> str:
     return f"{units.parse_duration(value):g}"
 
@@ -126,20 +143,16 @@ def target_pvc_rule(c: MixinConfig) -> dict[str, Any]:
 def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
     """Short windows, evaluated at the global interval: the bucket rates first, then what is built from them."""
     rates = bucket_rate(c)
-    rules: list[dict[str, Any]] = [
-        {
-            "record": rates,
-            "expr": f"sum by ({by(c, PROBE)}, le) (rate({LATENCY.bucket}{{{c.selector}}}[{c.rate_window}]))",
-        }
-    ]
+    if c.histograms == "native":
+        rate = f"sum by ({by(c, PROBE)}) (rate({LATENCY.name}{{{c.selector}}}[{c.rate_window}]))"
+        count_rate = f"histogram_count({rates})"
+    else:
+        rate = f"sum by ({by(c, PROBE)}, le) (rate({LATENCY.bucket}{{{c.selector}}}[{c.rate_window}]))"
+        count_rate = f"sum by ({by(c, PROBE)}) (rate({LATENCY.count}{{{c.selector}}}[{c.rate_window}]))"
+    rules: list[dict[str, Any]] = [{"record": rates, "expr": rate}]
     for name, q in QUANTILES:
         rules.append({"record": quantile(c, name), "expr": f"histogram_quantile({q}, {rates})"})
-    rules.append(
-        {
-            "record": probe_rate(c),
-            "expr": f"sum by ({by(c, PROBE)}) (rate({LATENCY.count}{{{c.selector}}}[{c.rate_window}]))",
-        }
-    )
+    rules.append({"record": probe_rate(c), "expr": count_rate})
     for record, read, write in (
         (disk_ops_rate(c), READS, WRITES),
         (disk_bytes_rate(c), READ_BYTES, WRITTEN_BYTES),
@@ -317,11 +330,11 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeProbesMissing",
-            f"sum by ({by(c, PROBE)}) (increase({LATENCY.count}{{{sel}}}[{c.missing_window}])) == 0\n"
+            f"sum by ({by(c, PROBE)}) ({_increase_of_count(c)}) == 0\n"
             f"and on ({by(c, INSTANCE)}) up{{{sel}}} == 1\n"
             # only probes that already existed a whole window ago: a fresh start is not "missing"
             f"and on ({by(c, PROBE)})\n"
-            f"  sum by ({by(c, PROBE)}) ({LATENCY.count}{{{sel}}} offset {c.missing_window})",
+            f"  sum by ({by(c, PROBE)}) ({probe_count(c, c.missing_window)})",
             c.missing_for,
             "warning",
             "The exporter is up but a probe produced no sample.",
