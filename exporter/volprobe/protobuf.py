@@ -12,6 +12,7 @@ hostile header included, gets the text formats as before.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,22 +20,32 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from .native import NativeBuckets
-from .proto import metrics_pb2 as pb
 
 CONTENT_TYPE = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
 MEDIA_TYPE = "application/vnd.google.protobuf"
 MESSAGE = "io.prometheus.client.MetricFamily"
 MAX_ACCEPT = 4096  # longer headers are not parsed for it: the text formats answer them
 
+# The MetricType of each prometheus_client type (the enum's wire values); UNTYPED for any other.
 _TYPES = {
-    "counter": pb.COUNTER,
-    "gauge": pb.GAUGE,
-    "info": pb.GAUGE,
-    "stateset": pb.GAUGE,
-    "summary": pb.SUMMARY,
-    "histogram": pb.HISTOGRAM,
-    "gaugehistogram": pb.GAUGE_HISTOGRAM,
+    "counter": 0,
+    "gauge": 1,
+    "info": 1,
+    "stateset": 1,
+    "summary": 2,
+    "histogram": 4,
+    "gaugehistogram": 5,
 }
+UNTYPED, GAUGE = 3, 1
+
+
+@functools.cache
+def messages() -> Any:
+    """The generated message module, imported at the first protobuf scrape: the protobuf library costs about
+    3 MiB of RSS, which an exporter no scraper asks protobuf of never pays."""
+    from .proto import metrics_pb2
+
+    return metrics_pb2
 
 
 def wanted(accept: str) -> bool:
@@ -109,8 +120,8 @@ def family_message(
     natives: dict[tuple[tuple[str, str], ...], Callable[[], NativeBuckets]] | None = None,
 ) -> Any:
     """One family as a MetricFamily message (None for a type the format cannot carry)."""
-    kind = _TYPES.get(typ, pb.UNTYPED)
-    family = pb.MetricFamily(help=documentation, type=kind)
+    kind = _TYPES.get(typ, UNTYPED)
+    family = messages().MetricFamily(help=documentation, type=kind)
     if typ == "counter":
         family.name = f"{name}_total"
         for s in samples:
@@ -126,7 +137,7 @@ def family_message(
         for s in samples:
             metric = family.metric.add()
             _labels(metric, s.labels)
-            if kind == pb.GAUGE:
+            if kind == GAUGE:
                 metric.gauge.value = s.value
             else:
                 metric.untyped.value = s.value
