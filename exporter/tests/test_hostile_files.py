@@ -250,14 +250,18 @@ def test_a_leftover_is_told_from_a_creation_under_way_by_its_lock_not_by_the_pid
     under_way.write_bytes(header)
     reused = data / f"{PROBE_FILE_NAME}.tmp.1.left"  # PID 1 lives, but made nothing here
     reused.write_bytes(header)
+    emptied = data / f"{PROBE_FILE_NAME}.tmp.1.empty"  # its creator died before writing the header
+    emptied.touch()
+    foreign = data / f"{PROBE_FILE_NAME}.tmp.1.foreign"  # not empty, no header of ours: not ours
+    foreign.write_bytes(b"someone else's data")
     creator = os.open(under_way, os.O_RDONLY)
     try:
         fcntl.flock(creator, fcntl.LOCK_EX)  # a separate open file: the cleaner's own flock conflicts with it
         removed = probefile.clear_leftover_temporaries(probefile.ProbeDirectory(str(data)), PROBE_FILE_NAME)
     finally:
         os.close(creator)
-    assert removed == [reused.name]
-    assert under_way.exists() and not reused.exists()
+    assert sorted(removed) == sorted([reused.name, emptied.name])
+    assert under_way.exists() and foreign.exists() and not reused.exists() and not emptied.exists()
     # Once its creator is gone, it is a leftover like any other.
     removed = probefile.clear_leftover_temporaries(probefile.ProbeDirectory(str(data)), PROBE_FILE_NAME)
     assert removed == [under_way.name] and not under_way.exists()

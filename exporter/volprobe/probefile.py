@@ -240,6 +240,9 @@ def ensure(directory: ProbeDirectory, name: str, size: int) -> FileIdentity:
         # how another start tells a leftover from a creation under way (a PID can be reused, or belong to
         # another container's namespace). Taken before the header is written, so no header without the lock.
         fcntl.flock(fd, fcntl.LOCK_EX)
+        made, named = os.fstat(fd), os.stat(tmp, dir_fd=dir_fd, follow_symlinks=False)
+        if (made.st_dev, made.st_ino) != (named.st_dev, named.st_ino):  # another start cleared it meanwhile
+            raise ProbeFileError(f"{directory.path}/{tmp} was removed while it was being made; try again")
         header = json.dumps({"size": size, "id": str(uuid.uuid4()), "created": int(time.time())}).encode()
         os.write(fd, (MAGIC + header).ljust(HEADER_BYTES, b"\0"))
         written = HEADER_BYTES
@@ -284,7 +287,9 @@ def clear_leftover_temporaries(directory: ProbeDirectory, name: str) -> list[str
             if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()):
                 continue
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: its creator is still at work
-            if _read_header_of(fd) is None:
+            # Empty: its creator died between making it and writing the header (a SIGTERM at that moment), and an
+            # empty file holds nothing to lose. Otherwise only with our header.
+            if os.fstat(fd).st_size != 0 and _read_header_of(fd) is None:
                 continue
             named = os.stat(entry, dir_fd=dir_fd, follow_symlinks=False)
             if (named.st_dev, named.st_ino) == (st.st_dev, st.st_ino):
