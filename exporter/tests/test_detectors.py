@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -183,6 +184,22 @@ def _diskstats_line(name: str, reads: int, read_ms: int, inflight: int = 0) -> s
     return f" 259       0 {name} {reads} 0 {reads * 8} {read_ms} 0 0 0 0 {inflight} {read_ms} {read_ms} 0 0 0 0 0 0\n"
 
 
+def _sampler(
+    proc_root: Path, disks: set[str], unloaded_latency: Callable[[str, str], float | None]
+) -> detectors.ThrottleDetector:
+    """A detector of `disks` sampling proc_root/diskstats at 1 s over 60 s, no limits, no probes of its own."""
+    return detectors.ThrottleDetector(
+        devices=lambda: disks,
+        unloaded_latency=unloaded_latency,
+        limits=lambda _disk: (None, None),
+        on_change=lambda _disk, _throttled: None,
+        probe_completions=lambda _disk: 0,
+        proc_root=proc_root,
+        sample_interval=1.0,
+        window=60.0,
+    )
+
+
 def test_the_sampler_asks_for_an_idle_disks_inputs_only_now_and_then(tmp_path):
     """An idle disk's unloaded latency and limits are asked for at its first sample and every INPUTS_EVERY_S;
     a disk whose window may hold a plateau is asked at every sample, and its plateau is found as before."""
@@ -193,16 +210,7 @@ def test_the_sampler_asks_for_an_idle_disks_inputs_only_now_and_then(tmp_path):
             asked[disk] += 1
         return 0.001
 
-    detector = detectors.ThrottleDetector(
-        devices=lambda: {"idle", "busy"},
-        unloaded_latency=unloaded_latency,
-        limits=lambda _disk: (None, None),
-        on_change=lambda _disk, _throttled: None,
-        probe_completions=lambda _disk: 0,
-        proc_root=tmp_path,
-        sample_interval=1.0,
-        window=60.0,
-    )
+    detector = _sampler(tmp_path, {"idle", "busy"}, unloaded_latency)
     samples = 40
     for second in range(samples):
         idle_reads = second + 1  # a probe a second
@@ -232,16 +240,7 @@ def test_an_idle_disk_is_read_every_few_seconds_and_a_cap_is_flagged_as_soon_as_
 
     def detector(root: Path) -> detectors.ThrottleDetector:
         root.mkdir()
-        return detectors.ThrottleDetector(
-            devices=lambda: {"d"},
-            unloaded_latency=lambda _disk, _direction: 0.001,
-            limits=lambda _disk: (None, None),
-            on_change=lambda _disk, _throttled: None,
-            probe_completions=lambda _disk: 0,
-            proc_root=root,
-            sample_interval=1.0,
-            window=60.0,
-        )
+        return _sampler(root, {"d"}, lambda _disk, _direction: 0.001)
 
     every_second, strided = detector(tmp_path / "every"), detector(tmp_path / "strided")
     reads = {"every": 0, "strided": 0}

@@ -204,7 +204,7 @@ def test_every_kind_of_family_is_written_in_its_type_and_read_back_alike():
 
 def test_a_probe_histogram_carries_its_classic_and_its_native_buckets_with_the_same_count():
     from volprobe import stats
-    from volprobe.collectors.probe import HistogramSeries, _summed
+    from volprobe.collectors.probe import HistogramSeries
     from volprobe.metrics import PROBE_LATENCY
 
     probe = stats.ProbeStats(window_s=60.0)
@@ -214,7 +214,7 @@ def test_a_probe_histogram_carries_its_classic_and_its_native_buckets_with_the_s
     family = PROBE_LATENCY.series_family()
     merged = [a + b for a, b in zip(first.cumulative, repeat.cumulative, strict=True)]
     HistogramSeries(PROBE_LATENCY, {"target": "t", "device": "loop9", "op": "read"}, first.bounds[:-1]).add(
-        family, merged, first.sum_seconds + repeat.sum_seconds, lambda: _summed(first.lifetime, repeat.lifetime)
+        family, merged, first.sum_seconds + repeat.sum_seconds, [first.lifetime, repeat.lifetime]
     )
     (decoded,) = decode(protobuf.generate(Frozen([family])))
     (metric,) = decoded["metrics"]

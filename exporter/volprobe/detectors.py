@@ -115,12 +115,17 @@ def second_between(
     )
 
 
+def _requests_and_bytes(before: diskstats.DiskStats, after: diskstats.DiskStats) -> tuple[int, int]:
+    """Requests completed and bytes moved between two readings, all directions together."""
+    ops = after.reads_completed - before.reads_completed + after.writes_completed - before.writes_completed
+    return ops, after.bytes_read - before.bytes_read + after.bytes_written - before.bytes_written
+
+
 def idle_between(before: diskstats.DiskStats, after: diskstats.DiskStats, interval: float) -> bool | None:
     """Whether every interval between two readings (however many lie between them) was certainly QUIET: fewer
     than BUSY_OPS requests and BUSY_BYTES bytes per second of one interval in all of them together. None across
     a counter reset."""
-    ops = after.reads_completed - before.reads_completed + after.writes_completed - before.writes_completed
-    moved = after.bytes_read - before.bytes_read + after.bytes_written - before.bytes_written
+    ops, moved = _requests_and_bytes(before, after)
     if min(ops, moved, after.read_time_ms - before.read_time_ms, after.write_time_ms - before.write_time_ms) < 0:
         return None
     return ops < BUSY_OPS * interval and moved < BUSY_BYTES * interval
@@ -131,8 +136,7 @@ def idle_stride(before: diskstats.DiskStats, after: diskstats.DiskStats, elapsed
     the rate it had between these readings (a disk already idle): 1 to IDLE_STRIDE_MAX."""
     if elapsed <= 0:
         return 1
-    ops = after.reads_completed - before.reads_completed + after.writes_completed - before.writes_completed
-    moved = after.bytes_read - before.bytes_read + after.bytes_written - before.bytes_written
+    ops, moved = _requests_and_bytes(before, after)
     stride = IDLE_STRIDE_MAX
     for done, limit in ((ops, BUSY_OPS), (moved, BUSY_BYTES)):
         per_interval = done / elapsed * interval

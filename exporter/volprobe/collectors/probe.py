@@ -7,7 +7,7 @@ the values: with 64 targets the scrape costs a fraction of what building every s
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client.core import Metric
@@ -40,12 +40,13 @@ class HistogramSeries:
         family: SeriesFamily,
         cumulative: list[int],
         sum_seconds: float,
-        lifetime: Callable[[], dict[int, int]] | None = None,
+        lifetimes: Sequence[Mapping[int, int]] = (),
     ) -> None:
-        """Its series' values; with `lifetime`, the high-resolution counts its native buckets come from."""
+        """Its series' values; with `lifetimes` (snapshots' copies, never changed), the high-resolution counts
+        its native buckets are made from, summed only if the protobuf exposition asks."""
         family.extend(self.series, [*cumulative, cumulative[-1], sum_seconds])
-        if lifetime is not None:
-            family.native[self.key] = lambda: native.from_counts(lifetime())
+        if lifetimes:
+            family.native[self.key] = lambda: native.from_counts(_summed(lifetimes))
 
 
 class SummarySeries:
@@ -101,11 +102,12 @@ class ProbeSeries:
         return one
 
 
-def _summed(a: dict[int, int], b: dict[int, int]) -> dict[int, int]:
-    """Two high-resolution histograms as one (a probe's first and repeat touches)."""
-    result = dict(a)
-    for index, count in b.items():
-        result[index] = result.get(index, 0) + count
+def _summed(histograms: Sequence[Mapping[int, int]]) -> dict[int, int]:
+    """High-resolution histograms as one (a probe's first and repeat touches)."""
+    result: dict[int, int] = {}
+    for counts in histograms:
+        for index, count in counts.items():
+            result[index] = result.get(index, 0) + count
     return result
 
 
@@ -145,13 +147,12 @@ class ProbeCollector:
             for touch, snap in zip(TOUCHES, snaps, strict=True):
                 rendered.recent[touch].add(recent, snap)
                 if by_touch:
-                    lifetime: Callable[[], dict[int, int]] = functools.partial(dict, snap.lifetime)
-                    rendered.latency_by_touch[touch].add(latency, snap.cumulative, snap.sum_seconds, lifetime)
+                    rendered.latency_by_touch[touch].add(latency, snap.cumulative, snap.sum_seconds, [snap.lifetime])
             if not by_touch:
                 first, repeat = snaps
                 merged = [a + b for a, b in zip(first.cumulative, repeat.cumulative, strict=True)]
-                both = functools.partial(_summed, first.lifetime, repeat.lifetime)
-                rendered.latency.add(latency, merged, first.sum_seconds + repeat.sum_seconds, both)
+                lifetimes = [first.lifetime, repeat.lifetime]
+                rendered.latency.add(latency, merged, first.sum_seconds + repeat.sum_seconds, lifetimes)
             spec = reading.spec
             missed.add(rendered.missed, reading.missed)
             counts = reading.errors
