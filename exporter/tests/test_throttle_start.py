@@ -149,14 +149,11 @@ def test_steady_demand_bursts_and_qd1_under_way_at_start_are_not_flagged(tmp_pat
                 v for labels, v in samples["volprobe_throttle_seconds_total"] if labels["device"] == device_of(volume)
             ]
             assert seconds and max(seconds) == 0, name
-        # A check ran and never said capped. It says uncapped on a quiet machine; when the machine is so loaded
-        # that the burst's reads cannot show the rise (CI's parallel phase, with nbdkit slow to start), it says
-        # inconclusive, and is repeated only after CHECK_RETRY_S (60 s), beyond this test's window.
         checks = {
             result: sample_value(samples, "volprobe_throttle_checks_total", device=dev, result=result)
             for result in ("uncapped", "inconclusive", "capped")
         }
-        assert checks["uncapped"] + checks["inconclusive"] >= 1, f"{checks}\n{exporter.log()[-3000:]}"
+        assert checks["uncapped"] >= 1, f"{checks}\n{exporter.log()[-3000:]}"
         assert checks["capped"] == 0, f"{checks}\n{exporter.log()[-3000:]}"
         assert exporter.stop() == 0
     finally:
