@@ -273,7 +273,9 @@ def test_fresh_lazy_volume_rises_to_a_flat_plateau_at_its_cap(lab_volume, tmp_pa
     first write waits for the allocator) and rise to a flat plateau at it as blocks get allocated."""
     cap = 500
     volume = lab_volume(
-        size=32 * MIB,  # half the blocks to allocate: the same curve in half the time
+        # A quarter of the blocks to allocate: the same curve in a quarter of the time, so that it reaches its
+        # plateau within the run even when the lab's daemons share the machine with other tests.
+        size=16 * MIB,
         alloc_unit=64 * 1024,
         read_latency=0.001,
         write_latency=0.001,
@@ -296,6 +298,6 @@ def test_fresh_lazy_volume_rises_to_a_flat_plateau_at_its_cap(lab_volume, tmp_pa
     assert len(per_second) >= 14
     head = per_second[: max(1, len(per_second) // 10)]
     tail = per_second[-len(per_second) // 5 :]
-    assert all(iops < 0.2 * cap for iops in head), per_second
-    assert all(abs(iops - cap) <= 0.05 * cap for iops in tail), per_second
+    assert all(iops < 0.2 * cap for iops in head), str(per_second)
+    assert all(abs(iops - cap) <= 0.05 * cap for iops in tail), str(per_second)
     assert volume.fresh_stats()["allocated_ratio"] > 0.95
