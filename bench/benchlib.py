@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "exporter"), str(REPO / "deploy")]
 from lab import lab  # noqa: E402 - also used by the bench scripts
 from tests.support import harness  # noqa: E402
+from tests.support.families import PROMETHEUS_PROTOBUF_ACCEPT  # noqa: E402
 from tests.support.harness import MIB, RunningExporter, loop_device, run  # noqa: E402 - also used by the scripts
 
 BENCHMARKS = REPO / "BENCHMARKS.md"
@@ -34,6 +35,8 @@ PROMETHEUS_HEADERS = {
     "text/plain;version=0.0.4;q=0.4,*/*;q=0.3",
     "Accept-Encoding": "gzip",
 }
+# What it asks for with `scrape_native_histograms: true`: the protobuf exposition first.
+PROMETHEUS_NATIVE_HEADERS = {"Accept": PROMETHEUS_PROTOBUF_ACCEPT, "Accept-Encoding": "gzip"}
 
 
 # -- devices --------------------------------------------------------------------------------------------

@@ -17,16 +17,10 @@ import pytest
 from volprobe import protobuf
 from volprobe.proto import metrics_pb2
 
-from .support.families import PROMETHEUS_ACCEPT, Frozen, odd_families
+from .support.families import PROMETHEUS_ACCEPT, PROMETHEUS_PROTOBUF_ACCEPT, Frozen, odd_families
 from .support.harness import sample_value, start_prometheus, wait_until, write_config
 
 PROTO = Path(protobuf.__file__).parent / "proto"
-PROMETHEUS_PROTOBUF_ACCEPT = (  # Prometheus 3.16 with scrape_native_histograms: true, as it sends it
-    "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5,"
-    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.4,"
-    "application/openmetrics-text;version=0.0.1;q=0.3,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.2,"
-    "text/plain;version=0.0.4;q=0.1,*/*;q=0.05"
-)
 
 
 # -- an independent decoder of the wire format -----------------------------------------------------------------

@@ -89,3 +89,10 @@ PROMETHEUS_ACCEPT = {
     "application/openmetrics-text;version=0.0.1;q=0.6,text/plain;version=1.0.0;escaping=underscores;q=0.5,"
     "text/plain;version=0.0.4;q=0.4,*/*;q=0.3",
 }
+
+PROMETHEUS_PROTOBUF_ACCEPT = (  # Prometheus 3.16 with scrape_native_histograms: true, as it sends it
+    "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5,"
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.4,"
+    "application/openmetrics-text;version=0.0.1;q=0.3,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.2,"
+    "text/plain;version=0.0.4;q=0.1,*/*;q=0.05"
+)
