@@ -22,6 +22,7 @@ resolution halves, no observation is lost.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -88,15 +89,22 @@ def from_counts(counts: Mapping[int, int], schema: int = SCHEMA, max_buckets: in
     for index, count in counts.items():
         if count <= 0:
             continue
-        seconds = bucket_midpoint(index) / 1e9
-        if seconds <= ZERO_THRESHOLD:
+        key = _native_index(index, schema)
+        if key is None:
             zero += count
             continue
-        key = bucket_of(seconds, schema)
         native[key] = native.get(key, 0) + count
     while len(native) > max_buckets and schema > MIN_SCHEMA:
         schema, native = schema - 1, halved(native)
     return NativeBuckets(schema, ZERO_THRESHOLD, zero, *_spans_and_deltas(native))
+
+
+@functools.cache
+def _native_index(index: int, schema: int) -> int | None:
+    """The native bucket of a high-resolution bucket's midpoint (None: the zero bucket). Remembered: a probe's
+    few hundred indexes are mapped at every protobuf scrape."""
+    seconds = bucket_midpoint(index) / 1e9
+    return None if seconds <= ZERO_THRESHOLD else bucket_of(seconds, schema)
 
 
 def halved(native: Mapping[int, int]) -> dict[int, int]:
