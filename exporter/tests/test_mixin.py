@@ -19,7 +19,10 @@ from volprobe.mixin import rules
 from .support.dashboards import SUBSTITUTIONS, panels, substitute
 from .support.harness import FIXTURES, PROMETHEUS_VERSIONS, REPO, prometheus_tool
 
-DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
+# The committed builds: on the classic series (dashboards/), and on native histograms (dashboards/native/).
+BUILDS = (REPO / "dashboards", REPO / "dashboards" / "native")
+BUILD_IDS = ("classic", "native")
+DASHBOARDS = sorted(path for build in BUILDS for path in build.glob("*.json"))
 RANGE_FUNCTIONS = re.compile(r"\b(rate|irate|increase|deriv|delta|changes)\(([^()]|\([^()]*\))*?\[([^\]]+)\]")
 
 
@@ -27,8 +30,14 @@ def test_committed_files_match_the_generator():
     for relative, text in generator.outputs(None).items():
         committed = (REPO / relative).read_text()
         assert committed == text, f"{relative} is stale: run `python -m volprobe.mixin --out .` and commit"
-    names = {p.name for p in (REPO / "dashboards").glob("*.json")}
-    assert names == {"volprobe-fleet.json", "volprobe-volume.json", "volprobe-warmup.json", "volprobe-migration.json"}
+    for build in BUILDS:
+        names = {p.name for p in build.glob("*.json")}
+        assert names == {
+            "volprobe-fleet.json",
+            "volprobe-volume.json",
+            "volprobe-warmup.json",
+            "volprobe-migration.json",
+        }
 
 
 @pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
@@ -128,6 +137,38 @@ def test_the_native_build_reads_native_histograms_and_passes_its_promtool_tests(
 
 
 LATENCY_BUCKET = metrics.PROBE_LATENCY.bucket
+CLASSIC_LATENCY = re.compile(rf"\b{metrics.PROBE_LATENCY.name}_(bucket|count|sum)\b")
+
+
+def latency_queries_blanked(model: dict, reads: re.Pattern[str]) -> tuple[dict, int]:
+    """A copy of a dashboard with each query that `reads` blanked, its legend too if it names le (a classic
+    bucket's bound); and how many there were."""
+    model = json.loads(json.dumps(model))
+    blanked = 0
+    for panel in panels(model):
+        for target in panel.get("targets", []):
+            if reads.search(target["expr"]):
+                target["expr"] = "(the probes' latency)"
+                if target.get("legendFormat") == "{{le}}":
+                    del target["legendFormat"]
+                blanked += 1
+    return model, blanked
+
+
+def test_the_native_dashboards_are_the_classic_ones_on_native_histograms():
+    """dashboards/native/ holds dashboards/ with each query on the probes' classic buckets, _count or _sum reading
+    the native histogram instead, and nothing else changed: the same panels, ids, variables and uids. Those
+    queries read the native histogram and never a classic series of it."""
+    native_latency = re.compile(rf"\b{metrics.PROBE_LATENCY.name}\{{")
+    for path in sorted(BUILDS[0].glob("*.json")):
+        classic = json.loads(path.read_text())
+        native = json.loads((BUILDS[1] / path.name).read_text())
+        assert not CLASSIC_LATENCY.search(json.dumps(native)), path.name
+        classic_blanked, replaced = latency_queries_blanked(classic, CLASSIC_LATENCY)
+        native_blanked, replacing = latency_queries_blanked(native, native_latency)
+        assert replaced == replacing, path.name
+        assert native_blanked == classic_blanked, path.name
+        assert replaced > 0 or path.name == "volprobe-warmup.json", path.name
 
 
 def test_regeneration_is_one_command(tmp_path):
@@ -263,9 +304,14 @@ SERIES = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)(\{[^{}]*\})?")
 
 
 def custom_dashboards() -> dict[str, dict]:
+    """Both builds (classic, native), each dashboard as build/name."""
     from volprobe.mixin import dashboards
 
-    return {name: json.loads(text) for name, text in dashboards.render_all(mixin.from_mapping(CUSTOM)).items()}
+    return {
+        f"{build}/{name}": json.loads(text)
+        for build in BUILD_IDS
+        for name, text in dashboards.render_all(mixin.from_mapping({**CUSTOM, "histograms": build})).items()
+    }
 
 
 def dashboard_queries(model: dict) -> list[str]:
@@ -293,7 +339,9 @@ def test_every_dashboard_query_honours_the_selector_and_the_cluster_label():
             for series, braces in selectors:
                 assert braces.startswith("{" + CUSTOM["selector"]), f"{name}: {series} without the selector: {expr}"
                 # The cluster variables list the label's values; Migration's job spans both sides' clusters.
-                lists_clusters = expr.endswith(", tenant)") or (name == "volprobe-migration.json" and "job)" in expr)
+                lists_clusters = expr.endswith(", tenant)") or (
+                    name.endswith("/volprobe-migration.json") and "job)" in expr
+                )
                 if not lists_clusters:
                     assert re.search(r'\btenant=~"\$(\w+_)?cluster"', braces), f"{name}: {expr}"
             assert not re.search(r"(?<![\w$])cluster\b(?!\w)", expr.replace("$cluster", "")), f"{name}: {expr}"
@@ -335,6 +383,9 @@ NOT_METRICS = {
 }
 # Prose may name a family (a histogram, a counter without _total); queries and test inputs name series.
 PROSE = {"runbook.md"}
+# The one family the exporter also writes as a native histogram (collectors/probe.py): a series, in the
+# dashboards built for native histograms.
+NATIVE = {metrics.PROBE_LATENCY.name}
 
 
 def recorded_names() -> set[str]:
@@ -355,6 +406,8 @@ def test_every_metric_name_in_dashboards_rules_tests_and_runbook_is_declared():
     seen = set()
     for path in NAMING_FILES:
         allowed = series | records | set(NOT_METRICS) | (families if path.name in PROSE else set())
+        if path.parent == BUILDS[1]:
+            allowed |= NATIVE
         for number, line in enumerate(path.read_text().splitlines(), 1):
             for name in volprobe_names(line):
                 seen.add(name)
@@ -405,7 +458,7 @@ def test_promtool_test_inputs_carry_the_declared_labels():
 # -- dashboard lint, in the spirit of grafana/dashboard-linter -------------------------------------------------
 
 
-@pytest.fixture(params=DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
+@pytest.fixture(params=DASHBOARDS, ids=[str(p.relative_to(REPO / "dashboards").with_suffix("")) for p in DASHBOARDS])
 def model(request) -> dict:
     return json.loads(request.param.read_text())
 
@@ -446,8 +499,9 @@ def test_every_panel_says_what_it_shows(model):
         assert len(panel.get("description", "")) >= 20, f"{model['title']}: {panel['title']} has no description"
 
 
-def test_the_volume_dashboard_shows_each_disk_of_a_target_on_several():
-    model = json.loads((REPO / "dashboards" / "volprobe-volume.json").read_text())
+@pytest.mark.parametrize("build", BUILDS, ids=BUILD_IDS)
+def test_the_volume_dashboard_shows_each_disk_of_a_target_on_several(build):
+    model = json.loads((build / "volprobe-volume.json").read_text())
     variables = {v["name"]: v for v in model["templating"]["list"]}
     assert variables["disk"]["multi"] and variables["disk"]["includeAll"]
     assert "volprobe_target_disk_info" in str(variables["disk"]["query"])
@@ -458,8 +512,9 @@ def test_the_volume_dashboard_shows_each_disk_of_a_target_on_several():
                 assert "{{device}}" in target["legendFormat"], "one series per disk"
 
 
-def test_the_volume_dashboard_never_sums_volumes_of_different_hosts():
-    model = json.loads((REPO / "dashboards" / "volprobe-volume.json").read_text())
+@pytest.mark.parametrize("build", BUILDS, ids=BUILD_IDS)
+def test_the_volume_dashboard_never_sums_volumes_of_different_hosts(build):
+    model = json.loads((build / "volprobe-volume.json").read_text())
     variables = {v["name"]: v for v in model["templating"]["list"]}
     for name in ("instance", "target"):
         assert not variables[name].get("multi") and not variables[name].get("includeAll"), name
@@ -469,9 +524,10 @@ def test_the_volume_dashboard_never_sums_volumes_of_different_hosts():
                 assert 'instance=~"$instance"' in target["expr"], target["expr"]
 
 
-def test_the_fleet_table_has_a_unit_per_column_and_links_each_volume_to_its_dashboard():
-    fleet = json.loads((REPO / "dashboards" / "volprobe-fleet.json").read_text())
-    volume = json.loads((REPO / "dashboards" / "volprobe-volume.json").read_text())
+@pytest.mark.parametrize("build", BUILDS, ids=BUILD_IDS)
+def test_the_fleet_table_has_a_unit_per_column_and_links_each_volume_to_its_dashboard(build):
+    fleet = json.loads((build / "volprobe-fleet.json").read_text())
+    volume = json.loads((build / "volprobe-volume.json").read_text())
     (table,) = [p for p in panels(fleet) if p["type"] == "table"]
     overrides = {
         o["matcher"]["options"]: {q["id"]: q["value"] for q in o["properties"]}
@@ -490,9 +546,10 @@ def test_the_fleet_table_has_a_unit_per_column_and_links_each_volume_to_its_dash
     )
 
 
-def test_the_volume_dashboard_links_to_its_warm_up_and_migration_views():
+@pytest.mark.parametrize("build", BUILDS, ids=BUILD_IDS)
+def test_the_volume_dashboard_links_to_its_warm_up_and_migration_views(build):
     uids = {json.loads(p.read_text())["title"]: json.loads(p.read_text())["uid"] for p in DASHBOARDS}
-    volume = json.loads((REPO / "dashboards" / "volprobe-volume.json").read_text())
+    volume = json.loads((build / "volprobe-volume.json").read_text())
     urls = {link["title"]: link["url"] for link in volume["links"]}
     warmup = urls["Warm-up of this volume"]
     assert warmup.startswith(f"/d/{uids['volprobe / Warm-up']}/") and "${instance:queryparam}" in warmup
@@ -507,10 +564,11 @@ def test_the_volume_dashboard_links_to_its_warm_up_and_migration_views():
     assert all(link["keepTime"] for link in volume["links"])
 
 
-def test_the_migration_dashboard_pins_each_side_to_its_own_instance_and_target():
+@pytest.mark.parametrize("build", BUILDS, ids=BUILD_IDS)
+def test_the_migration_dashboard_pins_each_side_to_its_own_instance_and_target(build):
     """A migration compares hosts (an EBS node with an Azure one, maybe in two clusters): each side's series
     come from its own cluster, instance and target, and the shared target name of two hosts never merges them."""
-    model = json.loads((REPO / "dashboards" / "volprobe-migration.json").read_text())
+    model = json.loads((build / "volprobe-migration.json").read_text())
     variables = {v["name"]: v for v in model["templating"]["list"]}
     assert "instance" not in variables and "cluster" not in variables
     for side in ("baseline", "candidate"):

@@ -90,8 +90,8 @@ class MixinConfig:
     histograms: str = setting(
         "classic",
         schema.choice(("classic", "native")),
-        "what the rules' latency quantiles read: the classic buckets (Prometheus 2), or native histograms "
-        "(Prometheus 3 with scrape_native_histograms)",
+        "what the rules' and dashboards' latency queries read: the classic buckets (Prometheus 2), or native "
+        "histograms (Prometheus 3 with scrape_native_histograms)",
     )
     interval: str = setting("", INTERVAL, "evaluation interval of the rule groups; empty: Prometheus's global")
     long_interval: str = setting(

@@ -1,10 +1,12 @@
 """python -m volprobe.mixin [--config FILE] [--out DIR]: write alerts/volprobe-rules.yml, dashboards/*.json
-and their Kubernetes forms (a PrometheusRule and ConfigMaps for the Grafana sidecar) in deploy/kubernetes/base."""
+and their Kubernetes forms (a PrometheusRule and ConfigMaps for the Grafana sidecar) in deploy/kubernetes/base;
+with classic histograms (the default), the same dashboards built for native histograms in dashboards/native/."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ..config import ConfigError
@@ -20,6 +22,11 @@ def outputs(config_path: str | None) -> dict[str, str]:
     rendered = dashboards.render_all(config)
     for name, text in rendered.items():
         files[f"dashboards/{name}"] = text
+    if config.histograms == "classic":
+        # For Prometheus 3 scraping native histograms, ready to import in place of dashboards/*.json: the same
+        # dashboards and uids (one build or the other), which read the recorded names either rule build records.
+        for name, text in dashboards.render_all(replace(config, histograms="native")).items():
+            files[f"dashboards/native/{name}"] = text
     files["deploy/kubernetes/base/prometheusrule.yaml"] = kubernetes.prometheus_rule(config)
     files["deploy/kubernetes/base/grafana-dashboards.yaml"] = kubernetes.dashboard_configmaps(rendered)
     return files

@@ -9,7 +9,7 @@ from grafana_foundation_sdk.models.dashboard import DataTransformerConfig, Dynam
 
 from ... import metrics, ops, units
 from .. import MixinConfig
-from .panels import DS, LATENCY, Layout, new_dashboard, query, series, single_stat, table_query
+from .panels import DS, Layout, new_dashboard, quantile, query, series, single_stat, table_query
 from .variables import TARGET_INFO, Scope, claim_variables, with_variables
 
 THROTTLE_ACTIVE = metrics.THROTTLE_ACTIVE.name
@@ -36,10 +36,7 @@ def build(c: MixinConfig) -> dashboard.Dashboard:
     by = scope.by("instance, target, device")
 
     def p(q: float, op: str) -> str:
-        return scope.selected(
-            f"histogram_quantile({q}, sum by ({by}, le) "
-            f'(rate({LATENCY.bucket}{{{scope.base}, op="{op}"}}[$__rate_interval])))'
-        )
+        return scope.selected(quantile(c, q, f'{scope.base}, op="{op}"', by))
 
     d = d.with_panel(worst_first(c, scope, layout, p))
     for op in (ops.WRITE.name, ops.READ.name):

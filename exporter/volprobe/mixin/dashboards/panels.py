@@ -124,9 +124,19 @@ def single_stat(layout: Layout, title: str, description: str, unit: str, expr: s
     )
 
 
-def latency_heatmap(layout: Layout, title: str, description: str, expr: str) -> heatmap.Panel:
-    """Probes per latency bucket over time, the buckets as exported (expr: increases by le)."""
+def latency_heatmap(c: MixinConfig, layout: Layout, title: str, description: str, matchers: str) -> heatmap.Panel:
+    """Probes per latency bucket over time, the buckets as exported, not recalculated: the classic buckets'
+    increases by le, or with `histograms: native` the native histogram's increase, returned whole. Grafana draws
+    a native histogram (format heatmap) as it is, each native bucket a cell between its own bounds, on a log 2
+    y axis of its choosing: the exporter's resolution (0.54% buckets at full), not a coarser one made up here."""
     panel_id, position = layout.place(12, 8)
+    if c.histograms == "native":
+        target = query(
+            "A", f"sum(increase({LATENCY.name}{{{matchers}}}[$__rate_interval]))", fmt=PromQueryFormat.HEATMAP
+        )
+    else:
+        expr = f"sum by (le) (increase({LATENCY.bucket}{{{matchers}}}[$__rate_interval]))"
+        target = query("A", expr, "{{le}}", fmt=PromQueryFormat.HEATMAP)
     return (
         heatmap.Panel()
         .id(panel_id)
@@ -134,7 +144,7 @@ def latency_heatmap(layout: Layout, title: str, description: str, expr: str) -> 
         .datasource(DS)
         .grid_pos(position)
         .description(description)
-        .with_target(query("A", expr, "{{le}}", fmt=PromQueryFormat.HEATMAP))
+        .with_target(target)
         .calculate(False)
         # Grafana's heatmap reads the y axis unit from its own options, not from the field's unit.
         .y_axis(heatmap.YAxisConfig().unit("s").axis_placement(cm.AxisPlacement.LEFT))
@@ -142,6 +152,9 @@ def latency_heatmap(layout: Layout, title: str, description: str, expr: str) -> 
     )
 
 
-def quantile(q: float, matchers: str, by: str = "op") -> str:
-    """The q-quantile of the probes' latency over $__rate_interval, from their histogram buckets."""
+def quantile(c: MixinConfig, q: float, matchers: str, by: str = "op") -> str:
+    """The q-quantile of the probes' latency over $__rate_interval: from the classic buckets, summed by le, or with
+    `histograms: native` from the native histograms, summed whole."""
+    if c.histograms == "native":
+        return f"histogram_quantile({q}, sum by ({by}) (rate({LATENCY.name}{{{matchers}}}[$__rate_interval])))"
     return f"histogram_quantile({q}, sum by ({by}, le) (rate({LATENCY.bucket}{{{matchers}}}[$__rate_interval])))"

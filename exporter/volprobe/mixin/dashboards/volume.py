@@ -11,7 +11,7 @@ from grafana_foundation_sdk.models.dashboard import DashboardLinkType, Panel
 
 from ... import metrics, ops
 from .. import MixinConfig
-from .panels import LATENCY, Layout, latency_heatmap, new_dashboard, quantile, query, series
+from .panels import Layout, latency_heatmap, new_dashboard, quantile, query, series
 from .variables import (
     TARGET_INFO,
     Scope,
@@ -46,7 +46,7 @@ def build(c: MixinConfig) -> dashboard.Dashboard:
     for link in links(c):
         d = d.link(link)
     layout = Layout()
-    for panel in (*latency(scope, layout), *disk_io(scope, layout), *probe_health(scope, layout)):
+    for panel in (*latency(c, scope, layout), *disk_io(scope, layout), *probe_health(scope, layout)):
         d = d.with_panel(panel)
     return d
 
@@ -77,28 +77,30 @@ def links(c: MixinConfig) -> Iterator[dashboard.DashboardLink]:
         )
 
 
-def latency(scope: Scope, layout: Layout) -> Iterator[Builder[Panel]]:
+def latency(c: MixinConfig, scope: Scope, layout: Layout) -> Iterator[Builder[Panel]]:
     """The probes' latency: a heatmap per op, the percentiles, the device's own beside them, first touches."""
     target, disk = scope.target, f'{scope.base}, device=~"$disk"'
     for op in (ops.READ.name, ops.WRITE.name):  # apart: a 100 us read and a 2 ms O_DSYNC write would blur
         yield latency_heatmap(
+            c,
             layout,
             f"Probe latency distribution, {op}s",
             f"Probes of the {op} probe per latency bucket over time, from the histogram (buckets as exported, "
             "not recalculated).",
-            f'sum by (le) (increase({LATENCY.bucket}{{{target}, op="{op}"}}[$__rate_interval]))',
+            f'{target}, op="{op}"',
         )
     yield series(
         layout,
         "Percentiles per op",
         "s",
         [
-            query("A", quantile(0.5, target), "p50 {{op}}"),
-            query("B", quantile(0.99, target), "p99 {{op}}"),
-            query("C", quantile(0.999, target), "p99.9 {{op}}"),
+            query("A", quantile(c, 0.5, target), "p50 {{op}}"),
+            query("B", quantile(c, 0.99, target), "p99 {{op}}"),
+            query("C", quantile(c, 0.999, target), "p99.9 {{op}}"),
         ],
         description="From the histogram buckets over $__rate_interval.",
     )
+    # The device's own histogram is exported classic only (no native form): its buckets, in either build.
     nvme = metrics.NVME_LATENCY.bucket
     yield series(
         layout,
@@ -115,7 +117,7 @@ def latency(scope: Scope, layout: Layout) -> Iterator[Builder[Panel]]:
                 f"histogram_quantile(0.5, sum by (device, op, le) (rate({nvme}{{{disk}}}[$__rate_interval])))",
                 "device p50 {{op}} {{device}}",
             ),
-            query("C", quantile(0.99, target), "probe p99 {{op}}"),
+            query("C", quantile(c, 0.99, target), "probe p99 {{op}}"),
         ],
         description="AWS NVMe devices (EBS, instance store) measure their own latency: all I/O at the device, "
         "the queue in the guest excluded. Beside the probes' p99 (queue-depth 1, through the guest's stack), "
