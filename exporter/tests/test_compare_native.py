@@ -398,6 +398,11 @@ def test_native_forced_names_the_side_without_any():
     assert [h.total for h in partial.histograms] == [0, 100, 100]
 
 
+def test_a_period_of_a_fractional_second_is_a_range_promql_parses():
+    assert source.promql_duration(86400.0) == "86400s"
+    assert source.promql_duration(7.5) == "7500ms"  # "7.5s" is a parse error in PromQL
+
+
 # -- the reports -------------------------------------------------------------------------------------------------
 
 

@@ -183,6 +183,11 @@ def _by_time(series: list[tuple[dict[str, str], list[tuple[float, float]]]], end
     return [totals[e] for e in ends]
 
 
+def promql_duration(seconds: float) -> str:
+    """A range in PromQL's syntax, which takes whole numbers of a unit only ("7.5s" is a parse error)."""
+    return f"{seconds:.0f}s" if seconds == round(seconds) else f"{round(seconds * 1000)}ms"
+
+
 def fetch(
     api: PrometheusAPI, selector: str, op: str, start: float, end: float, period: float, histograms: str = "auto"
 ) -> Side:
@@ -191,7 +196,7 @@ def fetch(
     count = max(1, int((end - start) // period))
     first_end = end - (count - 1) * period
     ends = [first_end + i * period for i in range(count)]
-    window = f"{period:g}s"
+    window = promql_duration(period)
     match = f"{selector}, op={json.dumps(op)}"
     side = Side(selector, ends)
     if histograms in ("auto", "native"):
