@@ -141,9 +141,18 @@ def test_a_candidate_40_percent_slower_is_worse(prometheus):
     result = compare(prometheus, "--baseline", 'target="aws"', "--candidate", 'target="azure"', "--since", "4d")
     report = json.loads(result.stdout)
     assert result.returncode == 1 and report["verdict"] == "worse", result.stdout + result.stderr
+    assert report["histograms"] == "classic"  # a backfill from OpenMetrics text holds no native histograms
     p50 = report["quantiles"][0]
     assert p50["ratio"] == pytest.approx(1.4, rel=0.05)
     assert report["periods"] == 4 and report["probes"]["baseline"] == pytest.approx(4 * DAY, rel=0.01)
+
+
+@ONE_SERVER
+def test_native_histograms_asked_for_where_there_are_none_is_an_error_naming_the_side(prometheus):
+    args = ["--baseline", 'target="aws"', "--candidate", 'target="azure"', "--since", "4d", "--histograms", "native"]
+    result = compare(prometheus, *args)
+    assert result.returncode == 2 and 'baseline {target="aws"}: no native histogram' in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @ONE_SERVER

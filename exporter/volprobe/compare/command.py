@@ -23,6 +23,10 @@ from .html import MissingExtra
 from .report import Report
 
 EXIT_ERROR = 2
+HISTOGRAMS = {  # what each kind of histogram is, for the reports
+    "native": "Prometheus' native histograms, buckets 0.54% wide at the exporter's schema 7",
+    "classic": "the classic _bucket series, buckets as the exporter's `buckets` set them",
+}
 WARMING_PENALTY = 2.0  # first touches this many times slower than repeats: the volume is still warming up
 
 
@@ -104,8 +108,8 @@ def build(args: argparse.Namespace, api: source.PrometheusAPI) -> Report:
     start = args.start if args.start is not None else end - args.since
     if end - start < args.period:
         raise source.SourceError(f"the span ({end - start:g} s) is shorter than one --period ({args.period:g} s)")
-    baseline = source.fetch(api, args.baseline, args.op, start, end, args.period)
-    candidate = source.fetch(api, args.candidate, args.op, start, end, args.period)
+    baseline = source.fetch(api, args.baseline, args.op, start, end, args.period, args.histograms)
+    candidate = source.fetch(api, args.candidate, args.op, start, end, args.period, args.histograms)
     for side, name in ((baseline, "baseline"), (candidate, "candidate")):
         if not side.specs:
             raise source.SourceError(f"{name} {{{side.selector}}}: no {args.op} probe found in the span")
@@ -117,6 +121,7 @@ def build(args: argparse.Namespace, api: source.PrometheusAPI) -> Report:
             f"the sides probe different things: baseline {next(iter(baseline.specs))}, candidate "
             f"{next(iter(candidate.specs))} (--allow-different-specs to compare anyway)"
         )
+    kind = source.choose(baseline, candidate, args.histograms)
     if baseline.histograms[0].bounds != candidate.histograms[0].bounds:
         raise source.SourceError("the sides have different histogram buckets: their quantiles are not comparable")
     results = verdict.compare(
@@ -127,7 +132,7 @@ def build(args: argparse.Namespace, api: source.PrometheusAPI) -> Report:
         warnings.insert(
             0, "the sides probe different specs (--allow-different-specs): the comparison is not like for like"
         )
-    return Report(baseline, candidate, args.op, args.period, args.tolerance, results, warnings, different)
+    return Report(baseline, candidate, args.op, args.period, args.tolerance, results, warnings, different, kind)
 
 
 def as_json(report: Report) -> str:
@@ -137,6 +142,7 @@ def as_json(report: Report) -> str:
     return json.dumps(
         {
             "verdict": report.verdict,
+            "histograms": report.histograms,
             "op": report.op,
             "period_seconds": report.period,
             "tolerance": report.tolerance,
@@ -215,6 +221,7 @@ def as_markdown(report: Report) -> str:
         f"- {len(base.ends)} periods of {report.period:g} s, ending {_when(base.ends[-1])}; tolerance "
         f"±{report.tolerance:.0%}; probes: {sum(h.total for h in base.histograms):,.0f} baseline, "
         f"{sum(h.total for h in cand.histograms):,.0f} candidate",
+        f"- histograms: {report.histograms} ({HISTOGRAMS[report.histograms]})",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -229,7 +236,7 @@ def as_markdown(report: Report) -> str:
 
 
 def as_html(report: Report) -> str:
-    return html.render(report, table(report))
+    return html.render(report, table(report), HISTOGRAMS[report.histograms])
 
 
 def as_text(report: Report) -> str:
@@ -256,6 +263,7 @@ def as_text(report: Report) -> str:
     console = Console(file=out, width=120, force_terminal=sys.stdout.isatty())
     for name, side in (("baseline ", report.baseline), ("candidate", report.candidate)):
         console.print(escape(f"{name} {{{side.selector}}}: {', '.join(sorted(map(str, side.specs)))}"))
+    console.print(escape(f"histograms: {report.histograms} ({HISTOGRAMS[report.histograms]})"))
     console.print(table)
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {escape(warning)}")
@@ -279,6 +287,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=_percent, default=0.10, help="equivalent within this (default 10%%)")
     p.add_argument("--allow-different-specs", action="store_true")
     p.add_argument("--format", choices=sorted(FORMATS), default="text")
+    p.add_argument(
+        "--histograms",
+        choices=source.KINDS,
+        default="auto",
+        help="native (Prometheus' native histograms), classic (the _bucket series) or auto (default): native "
+        "where both sides have them over the span",
+    )
     p.add_argument("--quantiles", type=_quantiles, default=verdict.QUANTILES, help="default 0.5,0.9,0.99,0.999")
     p.add_argument("--output", help="write the report to this new file (default: standard output)")
     p.add_argument("--force", action="store_true", help="with --output: replace a file that exists")

@@ -133,8 +133,9 @@ def _finish(plt: ModuleType, figure: Figure) -> str:
         plt.close(figure)
 
 
-def render(report: Report, markdown_table: list[tuple[str, ...]]) -> str:
-    """The whole page. `markdown_table`: the rows of the quantile table (header first), as text cells."""
+def render(report: Report, markdown_table: list[tuple[str, ...]], histograms: str) -> str:
+    """The whole page. `markdown_table`: the rows of the quantile table (header first), as text cells;
+    `histograms`: what the histograms the quantiles come from are."""
     plt = _pyplot()
     e = html.escape
     base, cand = report.baseline, report.candidate
@@ -161,6 +162,7 @@ th {{ background: #f4f4f4; }} .verdict {{ color: {colour}; }} code {{ background
 <li>baseline <code>{{{e(base.selector)}}}</code>: {e(", ".join(sorted(map(str, base.specs))))}</li>
 <li>candidate <code>{{{e(cand.selector)}}}</code>: {e(", ".join(sorted(map(str, cand.specs))))}</li>
 <li>{e(span)}</li>
+<li>histograms: {e(report.histograms)} ({e(histograms)})</li>
 </ul>
 {table}
 <p>Quantiles come from the histogram's bucket increases: each lies in the bucket shown, and is placed inside it

@@ -18,6 +18,7 @@ class Report:
     results: list[verdict.Comparison]
     warnings: list[str]
     different_specs: bool
+    histograms: str  # which the quantiles come from: "native" or "classic" (source.choose)
 
     @property
     def verdict(self) -> str:
