@@ -87,7 +87,8 @@ def run_ping(argv: Sequence[str]) -> int:
     io = targets.io_target(host, chosen, probe)
     where = kind.source.replace("_", " ") if (is_dir and kind.writes) else "block device"
     size = chosen.config.probe_file_size if is_dir and kind.writes else chosen.device.size_bytes
-    title = f"{io.path} ({where} {units.format_size(size)}, {chosen.device.name})"
+    sized = "" if kind.offsets == "none" else f" {units.format_size(size)}"  # a directory has no size to tell
+    title = f"{io.path} ({where}{sized}, {chosen.device.name})"
     arrow = kind.arrow
     block_size = probe.block_size
     finished = threading.Event()
