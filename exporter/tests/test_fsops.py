@@ -11,6 +11,7 @@ import shutil
 import signal
 import struct
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,10 @@ from volprobe.probe import NoOffsets, ProbeIO, SequentialPicker
 from volprobe.safety import Refused
 
 from .support.harness import MIB, probes_done, sample_value, sha256_of, volprobe_command, write_config
+from .test_hostile_files import SWAPS as PROBE_FILE_SWAPS
+from .test_hostile_files import _swap_directory_for_a_symlink, _swap_directory_for_another
 
-COMMIT_LOG = ops.COMMIT.file
+COMMIT_LOG, META = ops.COMMIT.file, ops.METADATA.file
 ATTACKER = 1000  # the uid owning the target directory, as etcd's user owns /var/lib/etcd
 
 
@@ -206,30 +209,6 @@ def test_ping_times_commits_and_metadata_sequences(ext4):
 # -- hostile names ------------------------------------------------------------------------------------------------
 
 
-def _commit_symlink(data: Path, victim: Path) -> None:
-    os.unlink(data / COMMIT_LOG)
-    os.symlink(victim, data / COMMIT_LOG)
-
-
-def _commit_hard_link(data: Path, victim: Path) -> None:
-    os.unlink(data / COMMIT_LOG)
-    os.link(victim, data / COMMIT_LOG)
-
-
-def _commit_same_owner_copy(data: Path, victim: Path) -> None:
-    shutil.copyfile(data / COMMIT_LOG, data / "copy")
-    os.replace(data / "copy", data / COMMIT_LOG)
-
-
-def _directory_for_a_symlink(data: Path, victim: Path) -> None:
-    os.rename(data, data.with_name("etcd.old"))
-    elsewhere = data.with_name("elsewhere")
-    elsewhere.mkdir()
-    os.rename(data.with_name("etcd.old") / COMMIT_LOG, elsewhere / COMMIT_LOG)
-    os.rename(data.with_name("etcd.old") / metadata.NAME, elsewhere / metadata.NAME)
-    os.symlink(elsewhere, data)
-
-
 def _metadata_symlink(data: Path, victim: Path) -> None:
     shutil.rmtree(data / metadata.NAME)
     os.symlink(victim.parent, data / metadata.NAME)
@@ -248,12 +227,12 @@ def _metadata_foreign(data: Path, victim: Path) -> None:
     os.chown(data / metadata.NAME, ATTACKER, ATTACKER)
 
 
+# The probe file's attacks (test_hostile_files.py) on the commit log, and on the metadata directory the ones
+# that apply to a directory, then a directory's own.
 SWAPS = {
-    "commit log: symlink": ("commit", _commit_symlink),
-    "commit log: hard link": ("commit", _commit_hard_link),
-    "commit log: same-owner copy": ("commit", _commit_same_owner_copy),
-    "commit log: directory swapped for a symlink": ("commit", _directory_for_a_symlink),
-    "metadata: directory swapped for a symlink": ("metadata", _directory_for_a_symlink),
+    **{f"commit log: {title}": ("commit", partial(swap, name=COMMIT_LOG)) for title, swap in PROBE_FILE_SWAPS.items()},
+    "metadata: directory swapped for a symlink": ("metadata", partial(_swap_directory_for_a_symlink, name=META)),
+    "metadata: directory swapped for another": ("metadata", partial(_swap_directory_for_another, name=META)),
     "metadata: symlink to another directory": ("metadata", _metadata_symlink),
     "metadata: another directory": ("metadata", _metadata_another_directory),
     "metadata: writable by others": ("metadata", _metadata_open_to_others),
