@@ -290,7 +290,6 @@ def test_a_hard_link_to_the_held_commit_log_stops_its_writes(tmp_path, ext4):
 
 
 @pytest.mark.root
-@pytest.mark.slow
 def test_a_kill_9_mid_run_leaves_nothing_behind_after_a_restart_that_is_not_ours(tmp_path, ext4, start_exporter):
     """kill -9 while sequences run (every 2 ms), then the leftovers a kill can leave at each step of them and of
     the commit log's creation; a restart clears what is ours and nothing else: the directory's other files, and
@@ -327,7 +326,6 @@ def test_a_kill_9_mid_run_leaves_nothing_behind_after_a_restart_that_is_not_ours
 
 
 @pytest.mark.root
-@pytest.mark.slow
 def test_a_reload_adds_and_removes_commit_and_metadata_probes(tmp_path, ext4, start_exporter):
     config = tmp_path / "volprobe.yml"
     base = f"targets: [{{name: etcd, directory: {ext4}, probe_file_size: 1MiB, probes: [{{op: write, interval: 50ms}}"

@@ -1,6 +1,7 @@
 /*
- * A probe's paced loop in C: one direct I/O request after another, each timed by CLOCK_MONOTONIC read
- * immediately before and after its syscall and around nothing else, without the interpreter. This keeps the
+ * A probe's paced loop in C: one direct I/O request after another (or a buffered commit, or a metadata
+ * sequence: see REQUESTS), each timed by CLOCK_MONOTONIC read immediately before and after its syscalls and
+ * around nothing else, without the interpreter. This keeps the
  * interpreter (its argument handling, the GIL hand-off, a cold code path after an idle interval) out of the
  * measurement, as fio's C loop does. volprobe falls back to timer.py's PythonTimer when this could not be built.
  *
