@@ -171,7 +171,7 @@ def test_commit_and_metadata_probes_count_up_on_ext4_and_metadata_leaves_nothing
     )
     exporter = start_exporter("--config", config)
     samples = exporter.wait_for(
-        lambda s: probes_done(s, "etcd", "commit") >= 20 and probes_done(s, "etcd", "metadata") >= 20,
+        lambda s: probes_done(s, "etcd", "commit") >= 20 and probes_done(s, "etcd", "metadata") >= 100,
         what="commit and metadata probes",
     )
     info = {labels["op"]: labels for labels, _ in samples["volprobe_probe_info"]}
@@ -179,12 +179,13 @@ def test_commit_and_metadata_probes_count_up_on_ext4_and_metadata_leaves_nothing
     assert info["metadata"]["source"] == "metadata_directory" and info["metadata"]["sync"] == "true"
     assert sum(v for labels, v in samples["volprobe_probe_failures_total"]) == 0
     assert exporter.stop() == 0
-    # The steps cover the whole sequence: their sum is the latency's, but for the clock reads between them and a
-    # sequence that may end between the scrape's reading of the one and of the other (one in 20 or more).
+    # The steps cover the whole sequence: their sum is the latency's, but for what lies between the timer's clock
+    # reads and the steps' (a preemption, on a loaded machine) and a sequence that may end between the scrape's
+    # reading of the one and of the other (one in 100 or more).
     steps = {labels["step"]: v for labels, v in samples["volprobe_probe_metadata_step_seconds_total"]}
     assert list(steps) == list(ops.METADATA.steps)
     total = sample_value(samples, "volprobe_probe_latency_seconds_sum", target="etcd", op="metadata")
-    assert total is not None and 0.9 * total <= sum(steps.values()) <= 1.1 * total
+    assert total is not None and 0.8 * total <= sum(steps.values()) <= 1.05 * total
     assert steps["fsync"] > 0 and steps["fsync_dir"] > 0
     assert sorted(os.listdir(ext4)) == [COMMIT_LOG, metadata.NAME]  # no probe file without a write probe
     assert os.listdir(ext4 / metadata.NAME) == [metadata.ID_NAME]
