@@ -126,6 +126,38 @@ def fio_paced(device: str, op: str, block_size: int, rate: float, runtime: float
     return Latency(percentiles["50.000000"] / 1e9, percentiles["99.000000"] / 1e9, ios, cpu / max(1, ios))
 
 
+def fio_commit(directory: str, block_size: int, rate: float, runtime: float, size: int) -> Latency:
+    """etcd's fio recipe (`--rw=write --ioengine=sync --fdatasync=1 --bs=2300`) paced at `rate`, in a fresh file
+    of `directory` (fio preallocates it, as volprobe's commit log and etcd's WAL are). A commit there is two
+    syscalls, so its latency is fio's write latency plus its fdatasync latency, percentile by percentile: how
+    etcd's guidance reads fio's output (its sync percentiles), with the write's page-cache copy added."""
+    path = os.path.join(directory, "fio-commit")
+    options = [
+        "--name=etcd",
+        f"--filename={path}",
+        "--rw=write",
+        "--ioengine=sync",
+        "--fdatasync=1",
+        f"--bs={block_size}",
+        f"--size={size}",
+        f"--rate_iops={rate:g}",
+        "--time_based",
+        lab.fio_runtime(runtime),
+        "--output-format=json",
+        "--refill_buffers",
+    ]
+    try:
+        job = json.loads(run("fio", *options).stdout)["jobs"][0]
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    write, sync = job["write"]["clat_ns"]["percentile"], job["sync"]["lat_ns"]["percentile"]
+    ios = job["write"]["total_ios"]
+    cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job["job_runtime"] / 1000
+    p50, p99 = ((write[q] + sync[q]) / 1e9 for q in ("50.000000", "99.000000"))
+    return Latency(p50, p99, ios, cpu / max(1, ios))
+
+
 # -- the exporter ---------------------------------------------------------------------------------------
 
 

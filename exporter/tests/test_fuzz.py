@@ -134,12 +134,16 @@ def settings_of(draw, cls: type, skip: tuple[str, ...] = ()) -> dict[str, object
 
 
 @st.composite
-def probes(draw, writes: bool) -> list[dict[str, object]]:
-    names = draw(st.lists(st.sampled_from(ops.NAMES if writes else ("read",)), min_size=1, unique=True))
+def probes(draw, writes: bool, directory: bool = False) -> list[dict[str, object]]:
+    # commit and metadata: directory targets only, and always synced
+    allowed = [op.name for op in ops.OPS.values() if directory or not op.directory_only] if writes else ["read"]
+    names = draw(st.lists(st.sampled_from(allowed), min_size=1, unique=True))
     result = []
     for name in names:
         probe = {**draw(settings_of(config.ProbeConfig, skip=("op", "sync", "hold_open"))), "op": name}
-        if ops.get(name).writes:
+        if ops.get(name).buffered:
+            probe.update(draw(st.sampled_from([{}, {"sync": True}, {"hold_open": True}])))
+        elif ops.get(name).writes:
             probe.update(draw(st.sampled_from([{}, {"sync": True}, {"sync": False}, {"hold_open": True}])))
         else:
             probe.update(draw(st.sampled_from([{}, {"sync": False}, {"hold_open": True}, {"hold_open": False}])))
@@ -171,7 +175,7 @@ def valid_configs(draw) -> dict[str, object]:
             }
             target["directory"] = f"/srv/d{index}"
             if draw(st.booleans()):
-                target["probes"] = draw(probes(writes=True))
+                target["probes"] = draw(probes(writes=True, directory=True))
         if draw(st.booleans()):
             target["limits"] = draw(settings_of(config.Limits))
         targets.append(target)

@@ -114,43 +114,46 @@ def directory_target(tmp_path, make_loop, mount_fs):
         targets.close(resolved)
 
 
-def _swap_symlink(data: Path, victim: Path) -> None:
-    os.unlink(data / PROBE_FILE_NAME)
-    os.symlink(victim, data / PROBE_FILE_NAME)
+# Each swaps the probe file (or another of volprobe's names in the directory: test_fsops.py's commit log and
+# metadata directory) while volprobe has let go of it.
 
 
-def _swap_hard_link(data: Path, victim: Path) -> None:
-    os.unlink(data / PROBE_FILE_NAME)
-    os.link(victim, data / PROBE_FILE_NAME)
+def _swap_symlink(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
+    os.unlink(data / name)
+    os.symlink(victim, data / name)
 
 
-def _swap_foreign_copy(data: Path, victim: Path) -> None:
+def _swap_hard_link(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
+    os.unlink(data / name)
+    os.link(victim, data / name)
+
+
+def _swap_foreign_copy(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
     # A copy of the real probe file, header and all, but made (and owned) by the directory's owner: the
     # attacker's copy could be a hard link's stand-in, or a file they mean volprobe to fill.
-    shutil.copyfile(data / PROBE_FILE_NAME, data / "copy")
+    shutil.copyfile(data / name, data / "copy")
     os.chown(data / "copy", ATTACKER, ATTACKER)
-    os.replace(data / "copy", data / PROBE_FILE_NAME)
+    os.replace(data / "copy", data / name)
 
 
-def _swap_our_own_file_copied(data: Path, victim: Path) -> None:
+def _swap_our_own_file_copied(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
     # Same owner, same header, same size: only the inode tells it is not the file checked at start.
-    shutil.copyfile(data / PROBE_FILE_NAME, data / "copy")
-    os.replace(data / "copy", data / PROBE_FILE_NAME)
+    shutil.copyfile(data / name, data / "copy")
+    os.replace(data / "copy", data / name)
 
 
-def _swap_directory_for_a_symlink(data: Path, victim: Path) -> None:
-    os.rename(data, data.with_name("pg.old"))
+def _swap_directory_for_a_symlink(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
+    os.rename(data, data.with_name(f"{data.name}.old"))
     elsewhere = data.with_name("elsewhere")
     elsewhere.mkdir()
-    os.link(data.with_name("pg.old") / PROBE_FILE_NAME, elsewhere / PROBE_FILE_NAME)
-    os.unlink(data.with_name("pg.old") / PROBE_FILE_NAME)
+    os.rename(data.with_name(f"{data.name}.old") / name, elsewhere / name)
     os.symlink(elsewhere, data)
 
 
-def _swap_directory_for_another(data: Path, victim: Path) -> None:
-    os.rename(data, data.with_name("pg.old"))
+def _swap_directory_for_another(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
+    os.rename(data, data.with_name(f"{data.name}.old"))
     data.mkdir()
-    os.rename(data.with_name("pg.old") / PROBE_FILE_NAME, data / PROBE_FILE_NAME)
+    os.rename(data.with_name(f"{data.name}.old") / name, data / name)
 
 
 SWAPS = {

@@ -1,6 +1,7 @@
 /*
- * A probe's paced loop in C: one direct I/O request after another, each timed by CLOCK_MONOTONIC read
- * immediately before and after its syscall and around nothing else, without the interpreter. This keeps the
+ * A probe's paced loop in C: one direct I/O request after another (or a buffered commit, or a metadata
+ * sequence: see REQUESTS), each timed by CLOCK_MONOTONIC read immediately before and after its syscalls and
+ * around nothing else, without the interpreter. This keeps the
  * interpreter (its argument handling, the GIL hand-off, a cold code path after an idle interval) out of the
  * measurement, as fio's C loop does. volprobe falls back to timer.py's PythonTimer when this could not be built.
  *
@@ -28,16 +29,85 @@
 static long long ns(const struct timespec *t) { return (long long)t->tv_sec * 1000000000LL + t->tv_nsec; }
 
 /* The requests a probe can make, by the name ops.py gives in its `syscall` column (timer.py's REQUESTS has the
- * same): each moves the whole buffer at offset and returns what pread and pwrite return. */
-typedef ssize_t (*request_fn)(int fd, void *buf, size_t size, off_t offset);
-static ssize_t request_pread(int fd, void *buf, size_t size, off_t offset) { return pread(fd, buf, size, offset); }
-static ssize_t request_pwrite(int fd, void *buf, size_t size, off_t offset) { return pwrite(fd, buf, size, offset); }
+ * same): each moves the whole buffer at offset and returns what pread and pwrite return. A request of several
+ * steps (ops.py's `steps`) adds each step's nanoseconds to steps[], only when the whole request succeeded. A
+ * zero-length buffer does nothing for the requests of several syscalls (timer.py's warm-up call). */
+#define MAX_STEPS 8
+typedef ssize_t (*request_fn)(int fd, void *buf, size_t size, off_t offset, long long *steps);
+static ssize_t request_pread(int fd, void *buf, size_t size, off_t offset, long long *steps) {
+    (void)steps;
+    return pread(fd, buf, size, offset);
+}
+static ssize_t request_pwrite(int fd, void *buf, size_t size, off_t offset, long long *steps) {
+    (void)steps;
+    return pwrite(fd, buf, size, offset);
+}
+/* A commit: a buffered write of one record at the log's next offset, then fdatasync, as etcd's WAL and fio's
+ * --fdatasync=1 do. A short write is returned as it is (the probe reports SHORT), without the sync. */
+static ssize_t request_pwrite_fdatasync(int fd, void *buf, size_t size, off_t offset, long long *steps) {
+    (void)steps;
+    if (size == 0)
+        return 0;
+    ssize_t moved = pwrite(fd, buf, size, offset);
+    if (moved == (ssize_t)size && fdatasync(fd) < 0)
+        return -1;
+    return moved;
+}
+
+/* The metadata sequence, in the directory volprobe owns (fd; metadata.py makes and judges it, and clears these
+ * two names, its only ones, at start): create, write, fsync, rename, fsync the directory, unlink. */
+#define METADATA_NEW "volprobe.new"
+#define METADATA_RENAMED "volprobe.renamed"
+static ssize_t request_metadata(int dir, void *buf, size_t size, off_t offset, long long *steps) {
+    (void)offset;
+    if (size == 0)
+        return 0;
+    long long at[7];
+    struct timespec t;
+    int saved;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    at[0] = ns(&t);
+    int fd = openat(dir, METADATA_NEW, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -1;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    at[1] = ns(&t);
+    ssize_t moved = write(fd, buf, size);
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    at[2] = ns(&t);
+    if (moved != (ssize_t)size || fsync(fd) < 0) {
+        saved = errno;
+        close(fd);
+        errno = saved;
+        return moved != (ssize_t)size ? moved : -1;
+    }
+    close(fd);
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    at[3] = ns(&t);
+    if (renameat(dir, METADATA_NEW, dir, METADATA_RENAMED) < 0)
+        return -1;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    at[4] = ns(&t);
+    if (fsync(dir) < 0)
+        return -1;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    at[5] = ns(&t);
+    if (unlinkat(dir, METADATA_RENAMED, 0) < 0)
+        return -1;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    at[6] = ns(&t);
+    for (int k = 0; k < 6; k++)
+        __atomic_add_fetch(&steps[k], at[k + 1] - at[k], __ATOMIC_RELAXED);
+    return moved;
+}
 static const struct {
     const char *name;
     request_fn request;
 } REQUESTS[] = {
     {"pread", request_pread},
     {"pwrite", request_pwrite},
+    {"pwrite_fdatasync", request_pwrite_fdatasync},
+    {"metadata", request_metadata},
 };
 
 /* -- Loop --------------------------------------------------------------------------------------------- */
@@ -60,6 +130,8 @@ typedef struct {
     volatile int stopping;
     /* read by other threads */
     volatile long long completed, missed, zero_reads;
+    long long step_ns[MAX_STEPS]; /* per step of a request of several (atomic adds; read by scrapes) */
+    int nsteps;
     /* results of the current run, index = position in its batch; guarded by mutex */
     pthread_mutex_t mutex;
     long long *latency_ns, *end_ns;
@@ -132,16 +204,22 @@ static int wait_deadline(Loop *self) {
 }
 
 static int Loop_init(Loop *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"path", "flags", "buffer", "inflight", "syscall", "writes", "jitter", "seed", "counter", NULL};
+    static char *kwlist[] = {"path",   "flags", "buffer",  "inflight", "syscall",
+                             "writes", "jitter", "seed", "counter", "steps",    NULL};
     const char *path, *syscall;
     unsigned long long seed, counter;
     if (self->path != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Loop is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siw*w*spdKK", kwlist, &path, &self->flags, &self->buffer,
-                                     &self->inflight, &syscall, &self->writes, &self->jitter, &seed, &counter))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siw*w*spdKK|i", kwlist, &path, &self->flags, &self->buffer,
+                                     &self->inflight, &syscall, &self->writes, &self->jitter, &seed, &counter,
+                                     &self->nsteps))
         return -1;
+    if (self->nsteps < 0 || self->nsteps > MAX_STEPS) {
+        PyErr_Format(PyExc_ValueError, "steps must be in 0..%d", MAX_STEPS);
+        return -1;
+    }
     for (size_t k = 0; k < sizeof(REQUESTS) / sizeof(REQUESTS[0]); k++)
         if (strcmp(REQUESTS[k].name, syscall) == 0)
             self->request = REQUESTS[k].request;
@@ -266,7 +344,7 @@ static PyObject *Loop_run(Loop *self, PyObject *args) {
         struct timespec start, end;
         clock_gettime(CLOCK_MONOTONIC, &start);
         *marker = ns(&start);
-        moved = self->request(use, self->buffer.buf, size, at[i]);
+        moved = self->request(use, self->buffer.buf, size, at[i], self->step_ns);
         clock_gettime(CLOCK_MONOTONIC, &end);
         *marker = 0;
         if (moved < 0)
@@ -328,6 +406,18 @@ static PyObject *Loop_missed(Loop *self, void *closure) { return PyLong_FromLong
 static PyObject *Loop_zero_reads(Loop *self, void *closure) { return PyLong_FromLongLong(self->zero_reads); }
 static PyObject *Loop_deadline(Loop *self, void *closure) { return PyLong_FromLongLong(self->deadline_ns); }
 static PyObject *Loop_max_batch(Loop *self, void *closure) { return PyLong_FromSsize_t(PY_SSIZE_T_MAX); }
+static PyObject *Loop_steps(Loop *self, void *closure) {
+    PyObject *steps = PyTuple_New(self->nsteps);
+    for (int k = 0; steps != NULL && k < self->nsteps; k++) {
+        PyObject *value = PyLong_FromLongLong(__atomic_load_n(&self->step_ns[k], __ATOMIC_RELAXED));
+        if (value == NULL) {
+            Py_CLEAR(steps);
+            break;
+        }
+        PyTuple_SET_ITEM(steps, k, value);
+    }
+    return steps;
+}
 
 static PyGetSetDef Loop_getset[] = {
     {"counter", (getter)Loop_counter, NULL, "the last write stamp", NULL},
@@ -336,6 +426,7 @@ static PyGetSetDef Loop_getset[] = {
     {"zero_reads", (getter)Loop_zero_reads, NULL, "reads that returned only zeros", NULL},
     {"deadline_ns", (getter)Loop_deadline, NULL, "when the next request is due (CLOCK_MONOTONIC)", NULL},
     {"max_batch", (getter)Loop_max_batch, NULL, "the most offsets worth giving one run(): no limit", NULL},
+    {"steps", (getter)Loop_steps, NULL, "nanoseconds spent in each step of the successful requests", NULL},
     {NULL},
 };
 

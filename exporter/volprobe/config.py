@@ -67,9 +67,19 @@ class ProbeConfig:
     """One probe. Unset fields take the op's defaults: its block size, and O_DSYNC for writes."""
 
     op: str = setting(schema.REQUIRED, OP, "what the probe does")
-    block_size: int = setting(0, schema.POSITIVE_SIZE, "bytes per request", shown="the op's: 4KiB read, 8KiB write")
+    block_size: int = setting(
+        0,
+        schema.POSITIVE_SIZE,
+        "bytes per request (metadata: written to its file)",
+        shown="the op's: 4KiB read, 8KiB write, 2300 commit, 4KiB metadata",
+    )
     interval: float = setting(1.0, schema.POSITIVE_DURATION, "time between two probes")
-    sync: bool | None = setting(None, schema.BOOLEAN, "writes: O_DSYNC (reads: false only)", shown="true for writes")
+    sync: bool | None = setting(
+        None,
+        schema.BOOLEAN,
+        "writes: O_DSYNC (reads: false only; commit and metadata always sync: true only)",
+        shown="true for writes",
+    )
     jitter: float = setting(0.1, schema.RATIO, "fraction of the interval each probe is randomly delayed by")
     revisit: float = setting(0.25, schema.RATIO, "fraction of probes sent to offsets probed before")
     hold_open: bool = setting(False, schema.BOOLEAN, "reads: keep the device open between probes (writes do)")
@@ -111,10 +121,15 @@ class TargetConfig:
     name: str | None = setting(None, NAME, "the target label; unset: the path")
     device: str | None = setting(None, schema.ABSOLUTE_PATH, "a block device (or a directory, not both)")
     directory: str | None = setting(None, schema.ABSOLUTE_PATH, "a directory: probes go to a probe file in it")
-    probe_file_size: int = setting(64 * 1024**2, schema.POSITIVE_SIZE, "directories: size of the probe file")
+    probe_file_size: int = setting(
+        64 * 1024**2, schema.POSITIVE_SIZE, "directories: size of the probe file (and of a commit probe's log)"
+    )
     allow_raw_writes: bool = setting(False, schema.BOOLEAN, "devices: allow write probes or a write warm-up")
     probes: tuple[ProbeConfig, ...] = section(
-        ProbeConfig, "unset: a read on a device; a sync write and a read in a directory", default=(), many=True
+        ProbeConfig,
+        "unset: a read on a device; a sync write and a read in a directory (commit and metadata: opt-in)",
+        default=(),
+        many=True,
     )
     limits: Limits = section(Limits, "caps on the probes' own load")
     warmup: WarmupConfig | None = section(WarmupConfig, "read (or write) every block once, then probe", default=None)
@@ -230,6 +245,8 @@ def _probe(check: Walker, raw: Any, key: str, defaults: Defaults) -> ProbeConfig
         return None
     if not ops.get(values["op"]).writes and data.get("sync") is True:
         check.fail(_join(key, "sync"), "only applies to write probes")
+    if ops.get(values["op"]).buffered and data.get("sync") is False:
+        check.fail(_join(key, "sync"), f"{values['op']} probes always sync (fdatasync, fsync): that is what they time")
     if ops.get(values["op"]).writes and data.get("hold_open") is False:
         check.fail(_join(key, "hold_open"), "write probes always keep their descriptor open (it holds O_EXCL)")
     return ProbeConfig(**{**defaults.probe(), **values, "key": key})
@@ -288,7 +305,16 @@ def _target(check: Walker, raw: Any, key: str, defaults: Defaults) -> TargetConf
         **values,
     )
     for probe in probes:
-        if kind == "directory" and probe.kind.writes and probe.block_size > target.probe_file_size // 2:
+        if kind == "device" and probe.kind.directory_only:
+            check.fail(
+                _join(probe.key, "op"),
+                f"{probe.op} probes need a directory target: they time a filesystem's "
+                f"{'commit (write + fdatasync) in a log file' if probe.kind is ops.COMMIT else 'file operations'}, "
+                "and a device has none",
+            )
+            continue
+        in_file = probe.kind.writes and probe.kind.offsets != "none"  # a metadata sequence's file is its own
+        if kind == "directory" and in_file and probe.block_size > target.probe_file_size // 2:
             check.fail(
                 _join(probe.key, "block_size"),
                 f"{probe.block_size} leaves no room in a {target.probe_file_size}-byte probe file",

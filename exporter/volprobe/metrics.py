@@ -229,11 +229,21 @@ PROBE_ZERO_READS = MetricSpec(
 PROBE_INTERVAL = MetricSpec(
     "volprobe_probe_interval_seconds", "gauge", "Current interval between probes (longer while backing off).", PROBE
 )
+# Where a metadata probe's time goes: one counter per step (ops.METADATA.steps, 6 series per metadata probe)
+# rather than a histogram per step (6 x 29). rate(step) / rate(latency_count) is the mean time of each step,
+# and a slow rename or directory fsync shows as its step's share growing; the histogram has the whole sequence.
+PROBE_STEP_SECONDS = MetricSpec(
+    "volprobe_probe_metadata_step_seconds",
+    "counter",
+    "Seconds metadata probes spent in each step of their sequences (create, write, fsync, rename, fsync_dir, "
+    "unlink), over the sequences that succeeded.",
+    (*TARGET, "step"),
+)
 PROBE_INFO = MetricSpec(
     "volprobe_probe_info",
     "gauge",
-    "Probe specification: block size, configured interval, O_DSYNC, and what its requests go to (device or "
-    "probe_file).",
+    "Probe specification: block size, configured interval, O_DSYNC, and what its requests go to (device, "
+    "probe_file, commit_log or metadata_directory).",
     (*PROBE, "block_size_bytes", "interval", "sync", "source"),
 )
 

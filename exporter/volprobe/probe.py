@@ -125,6 +125,13 @@ class OffsetPicker:
             return self.permutation(self._revisit()), "repeat"
         if self.fresh_used >= self.nblocks:  # every block was handed out, but only before a crash
             return self.permutation(self.rng.randrange(self.nblocks)), "repeat"
+        self._reserve_next()
+        block = self.permutation(self.fresh_used)
+        self.fresh_used += 1
+        return block, "first"
+
+    def _reserve_next(self) -> None:
+        """Reserve the next fresh position in the cursor; if it cannot be written, carry on (and say so once)."""
         if self.cursor is not None and not self.cursor.reserve(self.fresh_used + 1):
             if not self._unsaved:
                 log.warning(
@@ -132,9 +139,6 @@ class OffsetPicker:
                     "after a restart blocks touched from now on may count as first again"
                 )
             self._unsaved = True
-        block = self.permutation(self.fresh_used)
-        self.fresh_used += 1
-        return block, "first"
 
     def close(self) -> None:
         """Record the exact position (fresh offsets picked but never handed out are not used)."""
@@ -156,6 +160,51 @@ class OffsetPicker:
     def put_back(self, picks: list[tuple[int, str]]) -> None:
         """Picks handed out but never used: they come next, in order (and close() knows them as unused)."""
         self._queue.extend(reversed(picks))
+
+
+class SequentialPicker(OffsetPicker):
+    """A log's offsets (commit probes): block after block from the start, wrapped at the end, as a WAL is
+    written. Positions count on past the end (the cursor keeps them across restarts, so the log carries on
+    where it stopped); a block is "first" on the first pass over the file, "repeat" once the log wrapped."""
+
+    def __init__(self, nblocks: int, rng: random.Random, cursor: Cursor | None = None) -> None:
+        super().__init__(nblocks, 0.0, rng, key=0, cursor=cursor)
+        self.fresh_used = cursor.start if cursor is not None else 0
+
+    def _pick(self) -> tuple[int, str]:
+        self._reserve_next()
+        position = self.fresh_used
+        self.fresh_used += 1
+        return position % self.nblocks, "first" if position < self.nblocks else "repeat"
+
+    def close(self) -> None:
+        """Record the exact position: every pick took one, those never handed out are given back."""
+        if self.cursor is not None:
+            self.cursor.release(self.fresh_used - len(self._queue))
+
+
+class NoOffsets:
+    """The picks of a probe whose requests have no offset (metadata: each sequence makes a new file, "first")."""
+
+    def next(self) -> tuple[int, str]:
+        return 0, "first"
+
+    def put_back(self, picks: list[tuple[int, str]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def new_picker(
+    offsets: str, nblocks: int, revisit: float, rng: random.Random, cursor: Cursor | None = None
+) -> OffsetPicker | NoOffsets:
+    """The picker of an op's `offsets` (ops.Op.offsets)."""
+    if offsets == "sequential":
+        return SequentialPicker(nblocks, rng, cursor)
+    if offsets == "none":
+        return NoOffsets()
+    return OffsetPicker(nblocks, revisit, rng, cursor=cursor)
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -234,7 +283,7 @@ class ProbeIO:
         self.op = spec.op
         self.io = io
         self.block_size = block_size
-        self.picker = OffsetPicker(nblocks, spec.revisit, rng, cursor=cursor)
+        self.picker = new_picker(spec.kind.offsets, nblocks, spec.revisit, rng, cursor)
         self.buffer = mmap.mmap(-1, block_size)  # anonymous mappings are page aligned, as O_DIRECT needs
         self._inflight = array.array("q", [0])  # start of the request in flight (ns), 0 when none; see scrapes
         self.timer = timer.new(
@@ -405,6 +454,11 @@ class ProbeWorker:
     def zero_reads(self) -> int:
         return self.timer.zero_reads
 
+    @property
+    def steps(self) -> tuple[int, ...]:
+        """Nanoseconds in each step of its sequences (ops.Op.steps), empty for a single request."""
+        return self.timer.steps
+
     def drain(self) -> None:
         """Move the timer's finished probes into the statistics: scrapes call this, so they are never behind."""
         with self._lock:
@@ -475,7 +529,7 @@ class ProbeWorker:
         paced = max(8, min(MAX_BATCH, int(BATCH_S / (self.interval_s * self._slowdown))))
         return max(1, min(paced, self.timer.max_batch, self.max_batch))
 
-    def _take_batch(self, picker: OffsetPicker) -> list[tuple[int, str]]:
+    def _take_batch(self, picker: OffsetPicker | NoOffsets) -> list[tuple[int, str]]:
         """The next batch's picks; if picking fails part-way, those taken are put back, not lost."""
         batch: list[tuple[int, str]] = []
         try:

@@ -76,7 +76,7 @@ class ProbeDirectory:
 
     def open(self) -> int:
         if self._fd is None:
-            fd = _open_no_link(self.path, os.O_RDONLY | os.O_DIRECTORY)
+            fd = open_no_link(self.path, os.O_RDONLY | os.O_DIRECTORY)
             st, vfs = os.fstat(fd), os.fstatvfs(fd)
             found = DirectoryIdentity(st.st_dev, st.st_ino, vfs.f_fsid)
             if self.identity is not None and found != self.identity:
@@ -94,7 +94,7 @@ class ProbeDirectory:
     def open_file(self, name: str, flags: int, size: int, identity: FileIdentity | None = None) -> int:
         """Open `name` in the directory with `flags` and judge the descriptor (see judge()); with `identity`,
         it must be that very file. Refused (closed unwritten) otherwise."""
-        fd = _open_no_link(name, flags, self.open(), f"{self.path}/{name}")
+        fd = open_no_link(name, flags, self.open(), f"{self.path}/{name}")
         try:
             self.check(fd, name, size, identity)
             os.set_blocking(fd, True)  # O_NONBLOCK only kept a FIFO from blocking the open
@@ -122,14 +122,14 @@ class ProbeDirectory:
 
     def identify(self, name: str, size: int) -> FileIdentity:
         """The identity of the probe file `name`, judged read-only; Refused, or FileNotFoundError."""
-        fd = _open_no_link(name, os.O_RDONLY, self.open(), f"{self.path}/{name}")
+        fd = open_no_link(name, os.O_RDONLY, self.open(), f"{self.path}/{name}")
         try:
             return judge(fd, size, self.st_dev, f"{self.path}/{name}")
         finally:
             os.close(fd)
 
 
-def _open_no_link(name: str, flags: int, dir_fd: int | None = None, path: str = "") -> int:
+def open_no_link(name: str, flags: int, dir_fd: int | None = None, path: str = "") -> int:
     """Open without following a symlink or blocking on a FIFO; a symlink is Refused, as anything else unsafe."""
     try:
         return os.open(name, flags | _SAFE_OPEN, dir_fd=dir_fd)
@@ -219,8 +219,12 @@ def check_existing(directory: ProbeDirectory, name: str, size: int) -> str | Non
     return None
 
 
-def ensure(directory: ProbeDirectory, name: str, size: int) -> FileIdentity:
-    """Create the probe file if it does not exist yet; verify it if it does. Its identity pins later opens."""
+def ensure(directory: ProbeDirectory, name: str, size: int, fill: bool = True) -> FileIdentity:
+    """Create the probe file if it does not exist yet; verify it if it does. Its identity pins later opens.
+
+    fill: random data throughout, so that block allocation never pollutes the probes' latency. Without it (a
+    commit log) the blocks past the header are only preallocated, as etcd's WAL and fio's write jobs do: each
+    commit's fdatasync then converts the extents it wrote, as theirs do."""
     dir_fd = directory.open()
     try:
         return directory.identify(name, size)
@@ -246,6 +250,9 @@ def ensure(directory: ProbeDirectory, name: str, size: int) -> FileIdentity:
         header = json.dumps({"size": size, "id": str(uuid.uuid4()), "created": int(time.time())}).encode()
         os.write(fd, (MAGIC + header).ljust(HEADER_BYTES, b"\0"))
         written = HEADER_BYTES
+        if not fill and size > written:
+            os.posix_fallocate(fd, written, size - written)
+            written = size
         while written < size:
             chunk = os.urandom(min(_CHUNK, size - written))
             written += os.write(fd, chunk)

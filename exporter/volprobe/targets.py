@@ -14,7 +14,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from . import probefile, safety
+from . import metadata, ops, probefile, safety
 from .config import PROBE_FILE_NAME, Config, ConfigError, ProbeConfig, TargetConfig, default_probes
 from .discovery import SKIP_BY_DEFAULT, BlockDevice, Host, Mount
 from .probe import IOTarget
@@ -47,7 +47,9 @@ class ResolvedTarget:
     mount: Mount | None = None
     probe_file: str | None = None
     probe_dir: probefile.ProbeDirectory | None = None  # a directory target's directory, held by descriptor
-    probe_pin: probefile.FileIdentity | None = None  # the probe file prepare() checked: every open must be it
+    # The files prepare() checked, by name (the probe file, a commit log): every open must be that very file.
+    file_pins: dict[str, probefile.FileIdentity] = field(default_factory=dict)
+    metadata_pin: metadata.DirectoryPin | None = None  # the metadata probe's directory prepare() checked
     fds: dict[str, int] = field(default_factory=dict)  # op -> descriptor opened by prepare()
     discovered: bool = False  # added by discovery, not named in the configuration
     host: Host | None = None  # where its device is looked up again at each raw reopen
@@ -61,6 +63,16 @@ class ResolvedTarget:
     @property
     def probes(self) -> tuple[ProbeConfig, ...]:
         return self.config.probes
+
+    @property
+    def probe_pin(self) -> probefile.FileIdentity | None:
+        """The probe file prepare() checked."""
+        return self.file_pins.get(PROBE_FILE_NAME)
+
+    @property
+    def needs_probe_file(self) -> bool:
+        """Write probes go to the probe file, and reads when the device cannot be opened."""
+        return any(p.kind.writes and not p.kind.file for p in self.probes) or self.reads_probe_file
 
 
 def default_config_targets(host: Host) -> list[TargetConfig]:
@@ -81,7 +93,9 @@ def default_config_targets(host: Host) -> list[TargetConfig]:
 def _check_block_sizes(probes: tuple[ProbeConfig, ...], device: BlockDevice, region: int, problems: list[str]) -> None:
     for probe in probes:
         key = f"{probe.key}.block_size"
-        if probe.block_size % device.logical_block_size:
+        if probe.kind.offsets == "none":  # a metadata sequence's write has no region to fit in
+            continue
+        if probe.block_size % device.logical_block_size and not probe.kind.buffered:  # O_DIRECT's alignment
             problems.append(
                 f"{key}: {probe.block_size} is not a multiple of the device's logical block size "
                 f"{device.logical_block_size} ({device.name})"
@@ -150,6 +164,15 @@ def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) ->
     if problem:
         problems.append(f"{target.key}.probe_file_size: {problem}")
     for probe in target.probes:
+        if probe.kind is ops.COMMIT:
+            problem = probefile.check_existing(probe_dir, probe.kind.file, target.probe_file_size)
+        elif probe.kind is ops.METADATA:
+            problem = metadata.check_existing(probe_dir)
+        else:
+            continue
+        if problem:
+            problems.append(f"{probe.key}.op: {problem}")
+    for probe in target.probes:
         region = target.probe_file_size - probefile.HEADER_BYTES if probe.kind.writes else device.size_bytes
         _check_block_sizes((probe,), device, region, problems)
     return ResolvedTarget(
@@ -212,13 +235,24 @@ def io_target(host: Host, target: ResolvedTarget, probe: ProbeConfig) -> IOTarge
     if target.kind == "directory":
         directory, size = target.probe_dir, target.config.probe_file_size
         assert directory is not None
+        if probe.kind is ops.METADATA:
+            return IOTarget(
+                os.path.join(directory.path, metadata.NAME),
+                flags,
+                0,
+                probe.block_size,
+                opener=lambda: metadata.open_checked(directory, target.metadata_pin),
+                verify=lambda fd: metadata.recheck(directory, fd),
+                release=directory.release,
+            )
+        name = probe.kind.file or PROBE_FILE_NAME  # a commit log, or the probe file
         return IOTarget(
-            target.probe_file or "",
+            os.path.join(directory.path, name),
             flags,
             probefile.HEADER_BYTES,
             size,
-            opener=lambda: directory.open_file(PROBE_FILE_NAME, flags, size, target.probe_pin),
-            verify=lambda fd: directory.recheck(fd, PROBE_FILE_NAME, size),
+            opener=lambda: directory.open_file(name, flags, size, target.file_pins.get(name)),
+            verify=lambda fd: directory.recheck(fd, name, size),
             release=directory.release,
         )
     return IOTarget(
@@ -245,14 +279,10 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
             if refused:
                 problems += refused
                 continue
-        if target.kind == "directory" and (target.config.writes or target.reads_probe_file):
-            assert target.probe_dir is not None
-            try:
-                # From here the directory is held by descriptor for the target's life (let go on EROFS).
-                target.probe_pin = probefile.ensure(target.probe_dir, PROBE_FILE_NAME, target.config.probe_file_size)
-            except (probefile.ProbeFileError, OSError) as err:
-                why = f"{err.filename} {err.strerror}" if isinstance(err, Refused) else str(err)
-                problems.append(f"{target.config.key}.directory: cannot prepare the probe file: {why}")
+        if target.kind == "directory":
+            refused = _prepare_files(target)
+            if refused:
+                problems += refused
                 continue
         for probe in target.probes:
             io = io_target(host, target, probe)
@@ -269,6 +299,30 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
         close(resolved)
         raise ConfigError(problems)
     return warnings
+
+
+def _prepare_files(target: ResolvedTarget) -> list[str]:
+    """Create or check what a directory target's probes write to (the probe file, a commit log, the metadata
+    probe's directory) and pin each; returns the problems. From here the directory is held by descriptor for
+    the target's life (let go on EROFS)."""
+    directory, size = target.probe_dir, target.config.probe_file_size
+    assert directory is not None
+    wanted: list[tuple[str, str]] = []  # (key of the problem, file name or "" for the metadata directory)
+    if target.needs_probe_file:
+        wanted.append((f"{target.config.key}.directory", PROBE_FILE_NAME))
+    wanted += [(f"{p.key}.op", p.kind.file) for p in target.probes if p.kind.buffered]
+    problems = []
+    for key, name in wanted:
+        try:
+            if name == metadata.NAME:
+                target.metadata_pin = metadata.ensure(directory)
+            else:
+                target.file_pins[name] = probefile.ensure(directory, name, size, fill=name == PROBE_FILE_NAME)
+        except (probefile.ProbeFileError, OSError) as err:
+            why = f"{err.filename} {err.strerror}" if isinstance(err, Refused) else str(err)
+            what = "the probe file" if name == PROBE_FILE_NAME else f"{directory.path}/{name}"
+            problems.append(f"{key}: cannot prepare {what}: {why}")
+    return problems
 
 
 def _choose_read_source(target: ResolvedTarget) -> list[str]:

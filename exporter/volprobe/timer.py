@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import array
 import enum
+import functools
 import mmap
 import os
 import random
@@ -76,6 +77,10 @@ class Timer(Protocol):
     def max_batch(self) -> int:
         """The most offsets worth giving one run()."""
 
+    @property
+    def steps(self) -> tuple[int, ...]:
+        """Nanoseconds spent in each step (ops.Op.steps) of the requests that succeeded, over all runs."""
+
     def schedule(self, start_ns: int, interval_ns: int) -> None:
         """Restart the schedule: slot 0 is due at start_ns (plus jitter), slot k interval_ns later."""
 
@@ -93,11 +98,63 @@ class Timer(Protocol):
         """The results of the current run not taken yet."""
 
 
+def _pwrite_fdatasync(fd: int, buffers: list[memoryview], offset: int) -> int:
+    """A commit (_timedio.c's request_pwrite_fdatasync): a buffered write, then fdatasync if it was whole."""
+    size = sum(len(b) for b in buffers)
+    if not size:
+        return 0
+    moved = os.pwritev(fd, buffers, offset)
+    if moved == size:
+        os.fdatasync(fd)
+    return moved
+
+
+# The names of the metadata sequence in the directory volprobe owns: _timedio.c's METADATA_NEW and _RENAMED.
+METADATA_NEW = "volprobe.new"
+METADATA_RENAMED = "volprobe.renamed"
+_METADATA_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _metadata(directory: int, buffers: list[memoryview], offset: int, steps: list[int] | None = None) -> int:
+    """The metadata sequence (_timedio.c's request_metadata): create, write, fsync, rename, fsync the directory,
+    unlink; each step's nanoseconds are added to `steps` when the whole sequence succeeded."""
+    size = sum(len(b) for b in buffers)
+    if not size:
+        return 0
+    clock = time.perf_counter_ns
+    at = [clock()]
+    fd = os.open(METADATA_NEW, _METADATA_FLAGS, 0o600, dir_fd=directory)
+    try:
+        at.append(clock())
+        moved = os.writev(fd, buffers)
+        at.append(clock())
+        if moved != size:
+            return moved
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    at.append(clock())
+    os.rename(METADATA_NEW, METADATA_RENAMED, src_dir_fd=directory, dst_dir_fd=directory)
+    at.append(clock())
+    os.fsync(directory)
+    at.append(clock())
+    os.unlink(METADATA_RENAMED, dir_fd=directory)
+    at.append(clock())
+    if steps is not None:
+        for k in range(len(at) - 1):
+            steps[k] += at[k + 1] - at[k]
+    return moved
+
+
 # The requests a probe can make, by ops.Op.syscall: fd, buffers, offset -> bytes moved. _timedio.c has the same.
-REQUESTS: dict[str, Callable[[int, list[memoryview], int], int]] = {
+# A request of several steps also takes `steps`, the timer's per-step nanoseconds (see Timer.steps).
+REQUESTS: dict[str, Callable[..., int]] = {
     "pread": os.preadv,
     "pwrite": os.pwritev,
+    "pwrite_fdatasync": _pwrite_fdatasync,
+    "metadata": _metadata,
 }
+STEPPED = frozenset({"metadata"})
 
 
 def new(
@@ -107,10 +164,11 @@ def new(
     bytes here, and stamped before each request), inflight an array('q', [0]) that holds the start of the
     request in flight, for scrapes. The C timer when it was built, else the Python one."""
     counter = WriteData(buffer).counter if op.writes else 0
+    steps = len(op.steps)
     if _timedio is not None:
-        loop: Timer = _timedio.Loop(path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter)
+        loop: Timer = _timedio.Loop(path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter, steps)
         return loop
-    return PythonTimer(path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter)
+    return PythonTimer(path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter, steps)
 
 
 class Pacer:
@@ -149,14 +207,19 @@ class WriteData:
         self.view = memoryview(buffer)
         if counter is None:
             self.view[:] = os.urandom(len(buffer))
-        self.sectors = len(buffer) // SECTOR
+        # Stamps go at the head of each sector that holds all 8 bytes of one, as _timedio.c's stamp(): a commit's
+        # 2300-byte record is not a whole number of sectors.
+        self.sectors = (len(buffer) - 8) // SECTOR + 1 if len(buffer) >= 8 else 0
         self.counter = random.getrandbits(63) if counter is None else counter
 
     def stamp(self) -> None:
         self.counter += 1
         stamp = struct.pack("<Q", self.counter)
+        if not self.sectors:
+            return
+        end = (self.sectors - 1) * SECTOR + 8
         for i in range(8):
-            self.view[i::SECTOR] = stamp[i : i + 1] * self.sectors
+            self.view[i:end:SECTOR] = stamp[i : i + 1] * self.sectors
 
 
 class PythonTimer:
@@ -177,11 +240,16 @@ class PythonTimer:
         jitter: float,
         seed: int,
         counter: int,
+        steps: int = 0,
     ) -> None:
         if syscall not in REQUESTS:
             raise ValueError(f"unknown syscall {syscall!r}")
         self._path, self._flags = path, flags
-        self._request = REQUESTS[syscall]
+        self._steps = [0] * steps
+        request = REQUESTS[syscall]
+        if syscall in STEPPED:
+            request = functools.partial(request, steps=self._steps)
+        self._request = request
         self._buffer = buffer
         self._bufs = [memoryview(buffer)]
         self._empty = [memoryview(buffer)[:0]]
@@ -208,6 +276,10 @@ class PythonTimer:
     @property
     def zero_reads(self) -> int:
         return self._zero_reads
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        return tuple(self._steps)
 
     def schedule(self, start_ns: int, interval_ns: int) -> None:
         self._pacer.schedule(start_ns, interval_ns)

@@ -48,6 +48,7 @@ class ProbeReading(NamedTuple):
     inflight_seconds: float  # age of the request in flight, 0 if none
     slowdown: float  # the back-off's factor on the interval
     zero_reads: int
+    steps: tuple[int, ...] = ()  # nanoseconds in each step of its sequences (ops.Op.steps), over all of them
 
     @property
     def labels(self) -> dict[str, str]:

@@ -105,6 +105,7 @@ def probe_reading(
     slowdown: float = 1.0,
     zero_reads: int = 0,
     source: str = "device",
+    steps: tuple[int, ...] = (),
 ) -> ProbeReading:
     """A probe's reading from real statistics: each latency recorded one second after the last, first and
     repeat touches in turn, and read at a fixed time within the window."""
@@ -125,6 +126,7 @@ def probe_reading(
         inflight_seconds=inflight_seconds,
         slowdown=slowdown,
         zero_reads=zero_reads,
+        steps=steps,
     )
 
 
@@ -186,6 +188,8 @@ def golden_view() -> FakeView:
     read = ProbeConfig("read", interval=0.5)
     write = ProbeConfig("write", interval=2.0)
     file_write = ProbeConfig("write", block_size=4096, interval=1.0)
+    commit, meta = ProbeConfig("commit", interval=1.0), ProbeConfig("metadata", interval=10.0)
+    meta_steps = (90_000, 4_000, 1_100_000, 60_000, 900_000, 50_000)  # ns per step over its three sequences
     ebs, local = "ebs", "local"
     probes = [
         probe_reading(ebs, DISK.name, read, latencies_us=[180, 220, 250, 900, 210, 40000], zero_reads=3, missed=1),
@@ -194,6 +198,10 @@ def golden_view() -> FakeView:
         ),
         probe_reading(local, PART.name, read, latencies_us=[80, 95, 70]),
         probe_reading(local, PART.name, file_write, latencies_us=[300, 310], inflight_seconds=1.5, source="probe_file"),
+        probe_reading(local, PART.name, commit, latencies_us=[900, 1100, 1000], source="commit_log"),
+        probe_reading(
+            local, PART.name, meta, latencies_us=[700, 800, 704], source="metadata_directory", steps=meta_steps
+        ),
     ]
     pod = "8d3b3c52-1f4e-4d8a-9a57-6f1c2e0d4b21"
     mount = Mount(259, 3, f"/var/lib/kubelet/pods/{pod}/volumes/kubernetes.io~csi/pvc-42/mount", "xfs", PART.devnode)

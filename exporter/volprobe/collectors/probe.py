@@ -84,6 +84,11 @@ class ProbeSeries:
         }
         self.info = metrics.PROBE_INFO.series(metrics.PROBE_INFO.name, info_labels)
         self._errors: dict[str, Series] = {}
+        step_labels = {"target": labels["target"], "device": labels["device"]}
+        self.steps = [
+            metrics.PROBE_STEP_SECONDS.series(metrics.PROBE_STEP_SECONDS.total, {**step_labels, "step": step})
+            for step in spec.kind.steps
+        ]
 
     @functools.cached_property
     def latency_by_touch(self) -> dict[str, HistogramSeries]:
@@ -140,6 +145,8 @@ class ProbeCollector:
         zero_reads = metrics.PROBE_ZERO_READS.series_family()
         interval = metrics.PROBE_INTERVAL.series_family()
         info = metrics.PROBE_INFO.series_family()
+        steps = metrics.PROBE_STEP_SECONDS.series_family()
+        has_steps = False
         by_touch = self.view.histogram_by_touch()
         zero_by_target: dict[tuple[str, str], int] = {}
         for rendered, reading in self._series_of(self.view.probe_readings()):
@@ -162,6 +169,9 @@ class ProbeCollector:
             inflight.add(rendered.inflight, reading.inflight_seconds)
             interval.add(rendered.interval, spec.interval * reading.slowdown)
             info.add(rendered.info, 1)
+            for series, step_ns in zip(rendered.steps, reading.steps, strict=False):
+                steps.add(series, step_ns / 1e9)
+                has_steps = True
             if not spec.kind.writes:
                 key = (reading.target, reading.device)
                 zero_by_target[key] = zero_by_target.get(key, 0) + reading.zero_reads
@@ -175,4 +185,6 @@ class ProbeCollector:
             zero_series[(target, device)] = one
             zero_reads.add(one, count)
         self._zero_series = zero_series
-        return [latency, recent, missed, errors, failures, inflight, zero_reads, interval, info]
+        families: list[Metric] = [latency, recent, missed, errors, failures, inflight, zero_reads, interval, info]
+        # Only with a metadata probe: an exposition of the default probes stays as it was, byte for byte.
+        return [*families, steps] if has_steps else families

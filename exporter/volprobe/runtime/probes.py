@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 
 from .. import targets as targets_mod
-from ..config import ProbeConfig
+from ..config import PROBE_FILE_NAME, ProbeConfig
 from ..discovery import Host
 from ..probe import IOTarget, ProbeWorker
 from ..state import ProbeCursor, StateStore
@@ -29,7 +29,9 @@ class RunningProbe:
 
     @property
     def source(self) -> str:
-        """What the probe's requests go to: "probe_file" or "device"."""
+        """What the probe's requests go to: "probe_file" or "device" (or the op's own: a commit log...)."""
+        if self.spec.kind.file:
+            return self.spec.kind.source
         io_path = self.worker.probe.io.path
         return "probe_file" if self.target.probe_file and io_path == self.target.probe_file else "device"
 
@@ -149,13 +151,15 @@ class ProbeSet:
 def _cursor(store: StateStore, target: ResolvedTarget, spec: ProbeConfig, io: IOTarget) -> ProbeCursor | None:
     """The probe's place in the volume's permutation of blocks. A probe file is known by its inode too: a new
     file has new blocks, none of them touched."""
-    if store.directory is None:
+    if store.directory is None or spec.kind.offsets == "none":
         return None
     where = "device"
-    if target.probe_file and io.path == target.probe_file:
-        if target.probe_pin is None:
+    in_file = spec.kind.file or (target.probe_file and io.path == target.probe_file)
+    if in_file:  # a commit log, or the probe file
+        pin = target.file_pins.get(spec.kind.file or PROBE_FILE_NAME)
+        if pin is None:
             return None
-        where = f"file:{target.probe_pin.inode}"  # the inode prepare() checked through its descriptor
+        where = f"file:{pin.inode}"  # the inode prepare() checked through its descriptor
     name = f"{spec.op}:{where}:{spec.block_size}:{io.region_start}-{io.region_end}"
     # Reserve about ten minutes of fresh offsets at a time (one small write per ten minutes per probe), but no
     # more than 1/64 of the blocks: a kill -9 skips at most that.

@@ -36,6 +36,7 @@ def probe_readings(probes: ProbeSet) -> list[ProbeReading]:
                 inflight_seconds=worker.inflight_seconds(now),
                 slowdown=worker.slowdown,
                 zero_reads=worker.zero_reads,
+                steps=worker.steps,
             )
         )
     return readings

@@ -107,7 +107,8 @@ class ThrottleWatch:
     def unloaded_latency(self, disk: str, direction: str) -> float | None:
         """The lowest latency the probes of this direction (any direction for "total") have seen, or remembered
         from earlier runs within REMEMBER_S (so a restart under load knows the disk's unloaded time)."""
-        probes = self.probes.on_disk(disk)
+        # A commit or metadata probe times a filesystem's work (journal, several requests), not one request.
+        probes = [p for p in self.probes.on_disk(disk) if not p.spec.kind.buffered]
         chosen = [p for p in probes if p.spec.kind.direction == direction] or probes
         for probe in chosen:
             probe.worker.drain()

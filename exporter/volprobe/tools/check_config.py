@@ -12,7 +12,15 @@ from ..runtime.follow import pattern_matches
 from .registry import register
 
 
-def _describe_probe(probe: ProbeConfig) -> str:
+def _describe_probe(probe: ProbeConfig, directory: str = "") -> str:
+    kind = probe.kind
+    if kind.buffered:  # synced by its own request, in a file or directory of its own
+        where = f" in {directory}/{kind.file}" if directory else ""
+        return (
+            f"{probe.op} {units.format_size(probe.block_size)} every {units.format_duration(probe.interval)}"
+            f"{where}, {' then '.join(kind.steps) if kind.steps else 'buffered, then fdatasync'}, "
+            f"jitter {probe.jitter:.0%}"
+        )
     sync = " O_DSYNC" if probe.sync else ""
     return (
         f"{probe.op} {units.format_size(probe.block_size)} every {units.format_duration(probe.interval)}"
@@ -38,10 +46,10 @@ def run_check_config(argv: Sequence[str]) -> int:
     for target in resolved:
         where = f"{target.path} on {target.device.name}" if target.kind == "directory" else target.path
         print(f"- {target.name}: {target.kind} {where} ({units.format_size(target.device.size_bytes)})")
-        if target.probe_file:
+        if target.probe_file and target.needs_probe_file:
             print(f"    probe file {target.probe_file}, {units.format_size(target.config.probe_file_size)}")
         for probe in target.probes:
-            print(f"    {_describe_probe(probe)}")
+            print(f"    {_describe_probe(probe, target.path)}")
     if config.discovery:
         d = config.discovery
         print(

@@ -43,7 +43,7 @@ def run_ping(argv: Sequence[str]) -> int:
     parser.add_argument("-s", "--block-size", default=None, help=f"request size (default {defaults})")
     parser.add_argument("--op", choices=ops.NAMES, default=ops.READ.name, help="kind of probe (default %(default)s)")
     parser.add_argument("--write", action="store_true", help=f"same as --op {ops.WRITE.name} (O_DSYNC)")
-    parser.add_argument("--no-sync", action="store_true", help="writes without O_DSYNC")
+    parser.add_argument("--no-sync", action="store_true", help="writes without O_DSYNC (not commit, metadata)")
     parser.add_argument("--allow-raw-writes", action="store_true", help="permit writes to a blank raw device")
     parser.add_argument(
         "--probe-file-size",
@@ -62,6 +62,8 @@ def run_ping(argv: Sequence[str]) -> int:
     except ValueError as err:
         return _report(ConfigError([f"ping: {err}"]))
     is_dir = os.path.isdir(args.path)
+    if args.no_sync and kind.buffered:
+        return _report(ConfigError([f"ping: --no-sync: {kind.name} probes always sync (that is what they time)"]))
     probe = ProbeConfig(kind.name, block_size, interval, sync=not args.no_sync, jitter=0.0, revisit=0.0, key="ping")
     target = TargetConfig(
         key="ping",
@@ -71,6 +73,8 @@ def run_ping(argv: Sequence[str]) -> int:
         allow_raw_writes=args.allow_raw_writes,
         probes=(probe,),
     )
+    if kind.directory_only and not is_dir:
+        return _report(ConfigError([f"ping: --op {kind.name} needs a directory (it times a filesystem's operations)"]))
     if kind.writes and not is_dir and not args.allow_raw_writes:
         return _report(ConfigError(["ping: --write on a raw device needs --allow-raw-writes (and a blank device)"]))
     host = _host(args)
@@ -81,9 +85,10 @@ def run_ping(argv: Sequence[str]) -> int:
         return _report(err)
     chosen = resolved[0]
     io = targets.io_target(host, chosen, probe)
-    where = "probe file" if (is_dir and kind.writes) else "block device"
-    size = chosen.config.probe_file_size if where == "probe file" else chosen.device.size_bytes
-    title = f"{io.path} ({where} {units.format_size(size)}, {chosen.device.name})"
+    where = kind.source.replace("_", " ") if (is_dir and kind.writes) else "block device"
+    size = chosen.config.probe_file_size if is_dir and kind.writes else chosen.device.size_bytes
+    sized = "" if kind.offsets == "none" else f" {units.format_size(size)}"  # a directory has no size to tell
+    title = f"{io.path} ({where}{sized}, {chosen.device.name})"
     arrow = kind.arrow
     block_size = probe.block_size
     finished = threading.Event()
