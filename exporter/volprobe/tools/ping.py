@@ -82,8 +82,9 @@ def run_ping(argv: Sequence[str]) -> int:
     chosen = resolved[0]
     io = targets.io_target(host, chosen, probe)
     where = "probe file" if (is_dir and kind.writes) else "block device"
-    size = chosen.config.probe_file_size if where == "probe file" else chosen.device.size_bytes
-    title = f"{io.path} ({where} {units.format_size(size)}, {chosen.device.name})"
+    where = "probe file" if io.path == chosen.probe_file else where
+    size = chosen.config.probe_file_size if where == "probe file" else chosen.block.size_bytes
+    title = f"{io.path} ({where} {units.format_size(size)}, {chosen.device_name or 'no block device'})"
     arrow = kind.arrow
     block_size = probe.block_size
     finished = threading.Event()
