@@ -9,7 +9,7 @@ The control socket (a Unix stream socket, outside the mount: a stalled mount mus
 takes one JSON object per line and answers one:
 
     {"latency": {"rename": 0.02}}      added before the operation is passed through (0 removes it)
-    {"stall": "all"}                   every operation blocks until released ("meta": statfs and getattr only)
+    {"stall": "all"}                   every operation but close's blocks until released ("meta": statfs, getattr)
     {"stall": "off"}                   releases every blocked operation
     {"get": true}                      the settings and the count of operations served, per op
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import errno
 import json
 import mmap
@@ -64,13 +65,19 @@ OPS = (
     "fsyncdir",
 )
 META_OPS = frozenset({"getattr", "statfs"})
+# Never stalled: the kernel waits for FUSE's flush (every close) uninterruptibly, so a stalled flush would make
+# any process with a file open in the mount unkillable, even its exit. NFS, which the lab stands in for, sends a
+# close without dirty pages (O_DIRECT's) asynchronously: a hung server does not block it either.
+UNSTALLED_OPS = frozenset({"flush", "release"})
+FUSE_CAP_ASYNC_DIO = 1 << 15  # fuse_common.h
 STALL_MODES = ("off", "all", "meta")
 
 
 class Controls:
     """The settings the control socket changes, read by every operation."""
 
-    def __init__(self, latency: dict[str, float]) -> None:
+    def __init__(self, latency: dict[str, float], interrupted: Callable[[], bool] = lambda: False) -> None:
+        self.interrupted = interrupted  # whether the kernel interrupted the operation this thread serves
         self.latency = dict(latency)
         self.stall = "off"
         self.released = threading.Event()
@@ -98,11 +105,15 @@ class Controls:
         with self.lock:
             self.counts[op] = self.counts.get(op, 0) + 1
         mode = self.stall
-        if mode == "all" or (mode == "meta" and op in META_OPS):
+        if (mode == "all" and op not in UNSTALLED_OPS) or (mode == "meta" and op in META_OPS):
             with self.lock:
                 self.stalled += 1
             try:
-                self.released.wait()
+                # The caller was signalled (killed, say): answer EINTR, or it stays in the kernel, unkillable,
+                # until the stall ends (FUSE waits out a request the daemon has read). Others stay blocked.
+                while not self.released.wait(0.05):
+                    if self.interrupted():
+                        raise OSError(errno.EINTR, "interrupted while stalled")
             finally:
                 with self.lock:
                     self.stalled -= 1
@@ -154,9 +165,10 @@ def make_operations(backing: str, controls: Controls) -> Any:
         return call
 
     direct: set[int] = set()  # descriptors opened with O_DIRECT: their I/O goes through aligned buffers
+    files: set[int] = set()  # descriptors open() and create() made: only those are fh of a getattr (not opendir's 0)
 
     def getattr_(path: str, fh: int | None = None) -> dict[str, Any]:
-        st = os.fstat(fh) if fh is not None else os.lstat(real(path))
+        st = os.fstat(fh) if fh is not None and fh in files else os.lstat(real(path))
         keys = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks", "st_rdev")
         attrs: dict[str, Any] = {key: getattr(st, key) for key in keys}
         attrs.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
@@ -169,12 +181,14 @@ def make_operations(backing: str, controls: Controls) -> Any:
 
     def open_(path: str, flags: int) -> int:
         fd = os.open(real(path), flags & ~(os.O_CREAT | os.O_EXCL | os.O_NOCTTY))
+        files.add(fd)
         if flags & os.O_DIRECT:
             direct.add(fd)
         return fd
 
     def create(path: str, mode: int, flags: int = os.O_WRONLY) -> int:
         fd = os.open(real(path), (flags | os.O_CREAT) & ~os.O_NOCTTY, mode)
+        files.add(fd)
         if flags & os.O_DIRECT:
             direct.add(fd)
         return fd
@@ -199,6 +213,7 @@ def make_operations(backing: str, controls: Controls) -> Any:
 
     def release(path: str, fh: int) -> int:
         direct.discard(fh)
+        files.discard(fh)
         os.close(fh)
         return 0
 
@@ -249,8 +264,15 @@ def make_operations(backing: str, controls: Controls) -> Any:
         "fallocate": fallocate,
     }
     assert set(functions) == set(OPS)
-    namespace: dict[str, Any] = {"use_ns": True}
-    namespace.update({op: timed(op, function) for op, function in functions.items()})
+
+    def init_with_config(conn: Any, config: Any) -> None:
+        # Without async direct I/O: an O_DIRECT request is then one the caller waits for itself, interruptibly
+        # (see Controls.before); with it, the kernel waits for its completion uninterruptibly, even at a kill -9.
+        if conn is not None:
+            conn.want &= ~FUSE_CAP_ASYNC_DIO
+
+    namespace: dict[str, Any] = {"use_ns": True, "init_with_config": staticmethod(init_with_config)}
+    namespace.update({op: staticmethod(timed(op, function)) for op, function in functions.items()})
     return type("LabOperations", (mfusepy.Operations,), namespace)()
 
 
@@ -281,7 +303,9 @@ def serve_control(path: str, controls: Controls) -> None:
 def serve(mountpoint: str, backing: str, control: str, latency: dict[str, float]) -> None:
     import mfusepy
 
-    controls = Controls(latency)
+    libfuse = mfusepy._libfuse
+    libfuse.fuse_interrupted.restype = ctypes.c_int
+    controls = Controls(latency, lambda: bool(libfuse.fuse_interrupted()))
     serve_control(control, controls)
     # attr_timeout/entry_timeout 0: every stat reaches the daemon, as on a network filesystem that revalidates
     # (and so a stalled getattr is seen at once); use_ino: the backing inodes, which volprobe pins its probe file
