@@ -23,9 +23,17 @@ from .safety import Refused
 log = logging.getLogger(__name__)
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
-# Filesystems a directory target is refused on: kernel and memory filesystems, whose "latency" says nothing of
-# a volume. Network and FUSE filesystems (nfs, cifs, ceph, fuse.*) are probed through the probe file alone.
-REFUSED_FILESYSTEMS = {"tmpfs", "ramfs", "proc", "sysfs", "devtmpfs"}
+# Filesystems a directory target is refused on, and why: their "latency" says nothing of a volume. Network and
+# FUSE filesystems (nfs, cifs, ceph, fuse.*) are probed through the probe file alone.
+_IN_MEMORY = "keeps its data in memory: nothing to probe"
+REFUSED_FILESYSTEMS = {
+    "tmpfs": _IN_MEMORY,
+    "ramfs": _IN_MEMORY,
+    "proc": _IN_MEMORY,
+    "sysfs": _IN_MEMORY,
+    "devtmpfs": _IN_MEMORY,
+    "overlay": "a container's layered root: give the directory of the volume mounted under it",
+}
 
 
 @dataclass
@@ -137,7 +145,7 @@ def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) ->
         return None
     mount = host.mount_for_path(path)
     if mount and mount.fstype in REFUSED_FILESYSTEMS:
-        problems.append(f"{key}: {path} is on {mount.fstype}, which keeps its data in memory: nothing to probe")
+        problems.append(f"{key}: {path} is on {mount.fstype}, {REFUSED_FILESYSTEMS[mount.fstype]}")
         return None
     name = host.device_for_path(path)
     device = host.device(name) if name else None
