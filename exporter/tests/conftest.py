@@ -24,14 +24,15 @@ import pytest
 
 # The lab's fixtures: lab_volume(**settings) -> Volume, the session-wide clean-up of killed runs' volumes, and
 # each xdist worker's own range of loop device numbers.
+from lab.fuselab import fuse_directory  # noqa: F401 - fixture
 from lab.lab import clean_stale_test_volumes, lab_volume, latency_tests_first, loops_of_this_worker  # noqa: F401 - fixtures
 
 from .support import harness
 from .support.harness import MIB, RunningExporter, RunningPrometheus
 
 # Fixtures that make block devices or mount filesystems: a test using one needs root.
-ROOT_FIXTURES = frozenset({"make_loop", "mount_fs", "zram_device", "lab_volume"})
-LAB_FIXTURES = frozenset({"lab_volume"})
+ROOT_FIXTURES = frozenset({"make_loop", "mount_fs", "zram_device", "lab_volume", "fuse_directory"})
+LAB_FIXTURES = frozenset({"lab_volume", "fuse_directory"})
 
 
 # A wrapper: what comes before the yield runs before -m deselects (the markers added here count), what comes after

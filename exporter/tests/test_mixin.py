@@ -71,6 +71,7 @@ def test_every_alert_has_severity_summary_description_runbook_and_a_unit_test():
         "VolprobeThrottled",
         "VolprobeNearProvisionedLimit",
         "VolprobeProbeStalled",
+        "VolprobeMountHung",
         "VolprobeProbeErrors",
         "VolprobeProbesMissing",
         "VolprobeExporterDown",

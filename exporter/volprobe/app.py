@@ -166,7 +166,7 @@ class App:
                 (
                     t.name,
                     t.path,
-                    t.device.name,
+                    t.device_name or "-",
                     ", ".join(f"{p.op} {units.format_size(p.block_size)}" for p in t.probes),
                 )
                 for t in resolved

@@ -181,6 +181,15 @@ class ThrottleConfig:
 
 
 @dataclass(frozen=True)
+class MountCheckConfig:
+    """`mount_check`: every directory target's mount is asked (statfs and a stat of the directory) in a thread
+    of its own; one that does not answer within `timeout` is reported hung (volprobe_mount_responsive 0)."""
+
+    interval: float = setting(5.0, schema.POSITIVE_DURATION, "how often each directory target's mount is asked")
+    timeout: float = setting(10.0, schema.POSITIVE_DURATION, "a mount that has not answered this long is hung")
+
+
+@dataclass(frozen=True)
 class DiscoveryWarmupConfig:
     """`discovery.warmup`: read every block of discovered devices once. `policy` "new" warms the devices that
     appear after the exporter started (and resumes warm-ups a restart interrupted); "all" every matching device.
@@ -217,6 +226,7 @@ class Config:
         "probed", schema.choice(DISKSTATS_SCOPES), "/proc/diskstats series: probed devices, or all"
     )
     throttle: ThrottleConfig = section(ThrottleConfig, "throttling plateau detection")
+    mount_check: MountCheckConfig = section(MountCheckConfig, "directory targets: does their mount answer")
     discovery: DiscoveryConfig | None = section(DiscoveryConfig, "probe the devices found, as they come", default=None)
     state_directory: str | None = setting(None, schema.ABSOLUTE_PATH, "where offsets and warm-ups are remembered")
     window: float = Defaults.window  # defaults.window, defaults.buckets, defaults.histogram_by_touch
@@ -348,6 +358,13 @@ def _throttle(check: Walker, raw: Any) -> ThrottleConfig:
     return result
 
 
+def _mount_check(check: Walker, raw: Any) -> MountCheckConfig:
+    result = check.build(MountCheckConfig, raw, "mount_check")
+    if result.timeout > 3600:
+        check.fail("mount_check.timeout", f"{result.timeout:g}s: a mount silent for an hour is long hung; at most 1h")
+    return result
+
+
 def _discovery(check: Walker, raw: Any, defaults: Defaults) -> DiscoveryConfig:
     values, data = check.read(DiscoveryConfig, raw, "discovery")
     probes = (
@@ -402,6 +419,7 @@ def parse(document: Any, source: str = "<config>") -> Config:
         defaults=defaults,
         targets=tuple(targets),
         throttle=_throttle(check, top.get("throttle")),
+        mount_check=_mount_check(check, top.get("mount_check")),
         discovery=_discovery(check, top["discovery"], defaults) if "discovery" in top else None,
         window=window,
         buckets=defaults.buckets,

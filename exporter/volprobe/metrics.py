@@ -282,6 +282,19 @@ DEVICE_SIZE = MetricSpec("volprobe_device_size_bytes", "gauge", "Size of a probe
 
 # -- throttling -----------------------------------------------------------------------------------------------
 
+MOUNT_RESPONSIVE = MetricSpec(
+    "volprobe_mount_responsive",
+    "gauge",
+    "1 while a directory target's mount answers statfs and a stat of the directory within mount_check.timeout, "
+    "0 while a check is outstanding longer (a hung mount), failed, or none answered yet.",
+    TARGET,
+)
+MOUNT_LAST_RESPONSE_TIME = MetricSpec(
+    "volprobe_mount_last_response_timestamp_seconds",
+    "gauge",
+    "Unix time of a directory target's mount's last answer to a mount check; 0 if it never answered.",
+    TARGET,
+)
 LIMIT_OPS = MetricSpec(
     "volprobe_limit_ops_per_second", "gauge", "Provisioned IOPS limit of a target's disks, from the config.", TARGET
 )

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-THREADS = ("probe", "warmup", "throttle", "provider", "discovery")  # the metric's label values, fixed
+THREADS = ("probe", "warmup", "throttle", "provider", "discovery", "mount")  # the metric's label values, fixed
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 60.0
 HEALTHY_S = 60.0  # a run that lasted this long before failing starts the back-off afresh

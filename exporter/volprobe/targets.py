@@ -14,25 +14,25 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from . import metadata, ops, probefile, safety
+from . import metadata, mountcheck, ops, probefile, safety
 from .config import PROBE_FILE_NAME, Config, ConfigError, ProbeConfig, TargetConfig, default_probes
 from .discovery import SKIP_BY_DEFAULT, BlockDevice, Host, Mount
 from .probe import IOTarget
 from .safety import Refused
 
 log = logging.getLogger(__name__)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 
-NON_BLOCK_FILESYSTEMS = {
-    "tmpfs",
-    "ramfs",
-    "proc",
-    "sysfs",
-    "devtmpfs",
-    "overlay",
-    "nfs",
-    "nfs4",
-    "cifs",
-    "fuse",
+# Filesystems a directory target is refused on, and why: their "latency" says nothing of a volume. Network and
+# FUSE filesystems (nfs, cifs, ceph, fuse.*) are probed through the probe file alone.
+_IN_MEMORY = "keeps its data in memory: nothing to probe"
+REFUSED_FILESYSTEMS = {
+    "tmpfs": _IN_MEMORY,
+    "ramfs": _IN_MEMORY,
+    "proc": _IN_MEMORY,
+    "sysfs": _IN_MEMORY,
+    "devtmpfs": _IN_MEMORY,
+    "overlay": "a container's layered root: give the directory of the volume mounted under it",
 }
 
 
@@ -42,7 +42,7 @@ class ResolvedTarget:
     name: str
     kind: str  # "device" or "directory"
     path: str
-    device: BlockDevice
+    device: BlockDevice | None  # None: a directory on a filesystem without one (NFS, CephFS, SMB, FUSE)
     disks: list[str]  # whole disks underneath (partition parents, dm/md slaves)
     mount: Mount | None = None
     probe_file: str | None = None
@@ -53,7 +53,8 @@ class ResolvedTarget:
     fds: dict[str, int] = field(default_factory=dict)  # op -> descriptor opened by prepare()
     discovered: bool = False  # added by discovery, not named in the configuration
     host: Host | None = None  # where its device is looked up again at each raw reopen
-    reads_probe_file: bool = False  # a directory target whose device cannot be opened: reads go to the file
+    reads_probe_file: bool = False  # a directory target whose device cannot be opened (or has none): the file
+    pending: str = ""  # why a directory could not be resolved yet (its mount did not answer): probed once it does
 
     def open_raw(self, flags: int) -> int:
         """Open the device for raw writes (probes or a write warm-up): see open_raw_exclusive()."""
@@ -73,6 +74,19 @@ class ResolvedTarget:
     def needs_probe_file(self) -> bool:
         """Write probes go to the probe file, and reads when the device cannot be opened."""
         return any(p.kind.writes and not p.kind.file for p in self.probes) or self.reads_probe_file
+
+    @property
+    def block(self) -> BlockDevice:
+        """The device of a target that must have one: device targets, discovered ones, warm-ups (config.py
+        allows a warm-up on device targets only)."""
+        if self.device is None:
+            raise ValueError(f"{self.name}: {self.path} has no block device")
+        return self.device
+
+    @property
+    def device_name(self) -> str:
+        """The device label: the kernel name, or empty for a target without a block device."""
+        return self.device.name if self.device is not None else ""
 
 
 def default_config_targets(host: Host) -> list[TargetConfig]:
@@ -144,14 +158,13 @@ def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) ->
         problems.append(f"{key}: {path} is not a directory")
         return None
     mount = host.mount_for_path(path)
-    if mount and mount.fstype.split(".")[0] in NON_BLOCK_FILESYSTEMS:
-        problems.append(f"{key}: {path} is on {mount.fstype}, which has no block device to probe")
+    if mount and mount.fstype in REFUSED_FILESYSTEMS:
+        problems.append(f"{key}: {path} is on {mount.fstype}, {REFUSED_FILESYSTEMS[mount.fstype]}")
         return None
     name = host.device_for_path(path)
     device = host.device(name) if name else None
-    if device is None:
-        problems.append(f"{key}: {path} is not on a block device (st_dev has no entry in /sys/dev/block)")
-        return None
+    # None: an anonymous st_dev (major 0) that no mount source names, as on NFS, CephFS, SMB or FUSE. Probed
+    # through its probe file alone: writes and reads both, with no diskstats, throttle or provider statistics.
     if not os.access(path, os.W_OK):
         problems.append(f"{key}: {path} is not writable by this user; the probe file cannot be created")
     try:
@@ -163,6 +176,7 @@ def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) ->
     problem = probefile.check_existing(probe_dir, PROBE_FILE_NAME, target.probe_file_size)
     if problem:
         problems.append(f"{target.key}.probe_file_size: {problem}")
+    file_region = target.probe_file_size - probefile.HEADER_BYTES
     for probe in target.probes:
         if probe.kind is ops.COMMIT:
             problem = probefile.check_existing(probe_dir, probe.kind.file, target.probe_file_size)
@@ -173,30 +187,69 @@ def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) ->
         if problem:
             problems.append(f"{probe.key}.op: {problem}")
     for probe in target.probes:
-        region = target.probe_file_size - probefile.HEADER_BYTES if probe.kind.writes else device.size_bytes
+        if device is None:
+            if probe.kind.offsets == "none":  # a metadata sequence's write has no region to fit in
+                continue
+            # No logical block size to read: O_DIRECT's alignment on such filesystems is the page at most (the
+            # buffered ops need none).
+            if (probe.block_size % _PAGE and not probe.kind.buffered) or probe.block_size > file_region:
+                problems.append(
+                    f"{probe.key}.block_size: {probe.block_size} must be a multiple of {_PAGE} and at most the "
+                    f"{file_region} bytes of the probe file ({path} has no block device)"
+                )
+            continue
+        region = file_region if probe.kind.writes else device.size_bytes
         _check_block_sizes((probe,), device, region, problems)
     return ResolvedTarget(
         target,
-        target.name or device.name,
+        target.name or (device.name if device else path),
         "directory",
         path,
         device,
-        host.leaf_disks(device.name),
+        host.leaf_disks(device.name) if device else [],
         mount,
         probe_path,
         probe_dir,
+        reads_probe_file=device is None,
     )
 
 
-def resolve(config: Config, host: Host, targets: list[TargetConfig] | None = None) -> list[ResolvedTarget]:
-    """Resolve the config's targets (or the default set); ConfigError lists every problem."""
+def _resolve_with_deadline(
+    host: Host, target: TargetConfig, problems: list[str], checks: mountcheck.Checks, timeout: float
+) -> ResolvedTarget | None:
+    """A directory resolved in a thread of its own (it may be on a mount that hangs): one that does not answer
+    within `timeout` is not refused but pending, probed once its mount answers (runtime.mounts)."""
+    path = target.directory or ""
+    found: list[str] = []
+    try:
+        resolved = checks.call(path, lambda: _resolve_directory(host, target, found), timeout)
+    except mountcheck.Hung as hung:
+        log.warning("%s: %s does not answer (%s): probed once its mount answers", target.key, path, hung)
+        pending = ResolvedTarget(target, target.name or path, "directory", path, None, [], pending=str(hung))
+        pending.probe_file = os.path.join(path, PROBE_FILE_NAME)
+        return pending
+    problems += found
+    return resolved
+
+
+def resolve(
+    config: Config,
+    host: Host,
+    targets: list[TargetConfig] | None = None,
+    checks: mountcheck.Checks | None = None,
+) -> list[ResolvedTarget]:
+    """Resolve the config's targets (or the default set); ConfigError lists every problem. With `checks`, each
+    directory is resolved with the deadline of config.mount_check (see _resolve_with_deadline)."""
     chosen = list(config.targets) if targets is None else targets
     if targets is None and config.builtin:
         chosen = default_config_targets(host)
     problems: list[str] = []
     resolved: list[ResolvedTarget] = []
     for target in chosen:
-        found = (_resolve_directory if target.directory else _resolve_device)(host, target, problems)
+        if target.directory and checks is not None:
+            found = _resolve_with_deadline(host, target, problems, checks, config.mount_check.timeout)
+        else:
+            found = (_resolve_directory if target.directory else _resolve_device)(host, target, problems)
         if found is not None:
             found.host = host
             resolved.append(found)
@@ -219,7 +272,7 @@ def open_raw_exclusive(host: Host, target: ResolvedTarget, flags: int) -> int:
     unclaimed. Refused, with nothing written, otherwise. Run at start and at every reopen."""
     fd = os.open(target.path, flags | os.O_EXCL | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        safety.check_raw_descriptor(host, target.device, fd, target.path)
+        safety.check_raw_descriptor(host, target.block, fd, target.path)
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
@@ -231,7 +284,7 @@ def io_target(host: Host, target: ResolvedTarget, probe: ProbeConfig) -> IOTarge
     """Where a probe's I/O goes and how its descriptor is (re)opened and checked."""
     flags = probe.open_flags
     if not probe.kind.writes and not target.reads_probe_file:
-        return IOTarget(target.device.devnode, flags, 0, target.device.size_bytes)
+        return IOTarget(target.block.devnode, flags, 0, target.block.size_bytes)
     if target.kind == "directory":
         directory, size = target.probe_dir, target.config.probe_file_size
         assert directory is not None
@@ -259,9 +312,9 @@ def io_target(host: Host, target: ResolvedTarget, probe: ProbeConfig) -> IOTarge
         target.path,
         flags | os.O_EXCL,
         safety.GUARD_BYTES,
-        target.device.size_bytes - safety.GUARD_BYTES,
+        target.block.size_bytes - safety.GUARD_BYTES,
         opener=lambda: open_raw_exclusive(host, target, flags),
-        verify=lambda fd: safety.check_size(fd, target.device.size_bytes, target.path),
+        verify=lambda fd: safety.check_size(fd, target.block.size_bytes, target.path),
     )
 
 
@@ -274,6 +327,8 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
     warnings: list[str] = []
     problems: list[str] = []
     for target in resolved:
+        if target.pending:
+            continue  # nothing to open until its mount answers
         if target.kind == "directory":
             refused = _choose_read_source(target)
             if refused:
@@ -329,8 +384,8 @@ def _choose_read_source(target: ResolvedTarget) -> list[str]:
     """A directory target's reads go to its device; when the device cannot be opened (a container that does not
     expose it), to the probe file instead, which volprobe wrote whole: the target is still probed, not refused.
     Returns the problems that leaves (a read block larger than the probe file)."""
-    if all(p.kind.writes for p in target.probes):
-        return []
+    if all(p.kind.writes for p in target.probes) or target.device is None:
+        return []  # without a device, resolve() already sent reads to the probe file
     try:
         os.close(os.open(target.device.devnode, os.O_RDONLY | os.O_DIRECT | os.O_NONBLOCK | os.O_CLOEXEC))
     except OSError as err:

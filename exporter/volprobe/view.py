@@ -59,7 +59,7 @@ class ProbeReading(NamedTuple):
 class TargetReading:
     name: str
     path: str
-    device: BlockDevice
+    device: BlockDevice | None  # None: a directory on a filesystem without a block device (NFS, FUSE, ...)
     mount: Mount | None
     disks: tuple[str, ...]  # the whole disks beneath the device
     limits: Limits
@@ -95,6 +95,16 @@ class WarmupReading:
     ratio: float
     eta_seconds: float | None
     state: str
+
+
+@dataclass(frozen=True, slots=True)
+class MountReading:
+    """Whether a directory target's mount answers (runtime.mounts)."""
+
+    target: str
+    device: str
+    responsive: bool
+    last_response_time: float  # Unix time; 0 if it never answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +151,10 @@ class RuntimeView(Protocol):
     def provider_readings(self) -> Mapping[str, ProviderDevice]: ...
 
     def warmup_readings(self) -> Sequence[WarmupReading]: ...
+
+    def mount_readings(self) -> Sequence[MountReading]:
+        """Directory targets' mount checks, as of their last answers: never a call into the filesystem."""
+        ...
 
     def volume_readings(self) -> Mapping[str, VolumeReading]:
         """By volume key."""

@@ -316,7 +316,7 @@ class WarmupJob:
         """The warm-up of a resolved device target; resolve() has made every check (block size, blankness for
         write mode). Progress is kept in `state_path` if given, else in the volume's state in `store`. Whether the
         idle I/O class could be had goes to `capabilities` (the exporter's), else to the job's own."""
-        device = target.device
+        device = target.block
         opener = target.open_raw if spec.mode == "write" else None
         checkpoint: Checkpoint | None = None
         if state_path:

@@ -20,6 +20,7 @@ from volprobe.stats import TOUCHES, ProbeStats
 from volprobe.view import (
     BuildInfo,
     DiskThrottle,
+    MountReading,
     ProbeReading,
     ProviderDevice,
     ReloadOutcome,
@@ -49,6 +50,7 @@ class FakeView:
     provider: Mapping[str, ProviderDevice] = field(default_factory=dict)
     warmups: Sequence[WarmupReading] = ()
     volumes: Mapping[str, VolumeReading] = field(default_factory=dict)
+    mounts: Sequence[MountReading] = ()
 
     def build_info(self) -> BuildInfo:
         return self.build
@@ -91,6 +93,9 @@ class FakeView:
 
     def volume_readings(self) -> Mapping[str, VolumeReading]:
         return self.volumes
+
+    def mount_readings(self) -> Sequence[MountReading]:
+        return self.mounts
 
 
 def probe_reading(
@@ -184,7 +189,8 @@ def _nvme_stats(kind: str, scale: int) -> NvmeStats:
 def golden_view() -> FakeView:
     """Every family volprobe exports, each with at least one series: two targets (a raw device with read and
     write probes and limits; a directory on instance store, its writes to a probe file), a detector that sees a
-    plateau, provider statistics of both devices, two warm-ups, remembered volumes, a web config."""
+    plateau, provider statistics of both devices, two warm-ups, remembered volumes, a web config; and a directory on
+    NFS, without a block device, whose mount hangs."""
     read = ProbeConfig("read", interval=0.5)
     write = ProbeConfig("write", interval=2.0)
     file_write = ProbeConfig("write", block_size=4096, interval=1.0)
@@ -202,13 +208,17 @@ def golden_view() -> FakeView:
         probe_reading(
             local, PART.name, meta, latencies_us=[700, 800, 704], source="metadata_directory", steps=meta_steps
         ),
+        probe_reading("shared", "", file_write, latencies_us=[2100, 2500], inflight_seconds=12.0, source="probe_file"),
+        probe_reading("shared", "", read, latencies_us=[900, 1100], source="probe_file"),
     ]
     pod = "8d3b3c52-1f4e-4d8a-9a57-6f1c2e0d4b21"
     mount = Mount(259, 3, f"/var/lib/kubelet/pods/{pod}/volumes/kubernetes.io~csi/pvc-42/mount", "xfs", PART.devnode)
     targets = [
         TargetReading(ebs, DISK.devnode, DISK, None, (DISK.name,), Limits(iops=3000, bandwidth=125 * 2**20)),
         TargetReading(local, mount.mount_point, PART, mount, (LOCAL.name,), Limits()),
+        TargetReading("shared", "/mnt/shared", None, Mount(0, 53, "/mnt/shared", "nfs4", "nas:/export"), (), Limits()),
     ]
+    mounts = [MountReading(local, PART.name, True, 1700000090.0), MountReading("shared", "", False, 1700000030.0)]
     throttle = {
         DISK.name: DiskThrottle(
             plateaus={"read": Plateau("iops", 3000.0, 12288000.0, 1.0, 0.00033)},
@@ -248,4 +258,5 @@ def golden_view() -> FakeView:
         provider=provider,
         warmups=warmups,
         volumes=volumes,
+        mounts=mounts,
     )

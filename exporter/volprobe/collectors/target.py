@@ -26,16 +26,23 @@ class TargetCollector:
         targets = self.view.target_readings()
         # A device (one discovery found, say) that pods mount: kubelet's mounts of it say which.
         named = {t.name: kubernetes_volume(t.path, t.mount.mount_point if t.mount else "") for t in targets}
-        unnamed = [t.device for t in targets if not named[t.name][0]]
+        unnamed = [t.device for t in targets if not named[t.name][0] and t.device is not None]
         kubelet = self.view.kubernetes_volumes(unnamed) if unnamed else {}
         for target in targets:
             d = target.device
             mountpoint = target.mount.mount_point if target.mount else ""
+            fstype = target.mount.fstype if target.mount else ""
             pv, pod = named[target.name]
+            if d is None:
+                # No device: no device identity, disks or size; the filesystem type says what it is (nfs4,
+                # ceph, cifs, fuse.sshfs, ...), as /proc/self/mountinfo gives it.
+                info.add_metric(
+                    [target.name, "", target.path, "", "", "", "", "", "", mountpoint, fstype, "", pv, pod], 1
+                )
+                continue
             if not pv:
                 previous = self._kubelet.get(target.name, ("", ""))
                 pv, pod = chosen[target.name] = choose_kubernetes_volume(kubelet.get(d.name, set()), previous)
-            fstype = target.mount.fstype if target.mount else ""
             identity = [d.kind, d.serial, d.model, d.vendor, d.wwn, d.volume_id, mountpoint, fstype]
             info.add_metric([target.name, d.name, target.path, *identity, ",".join(target.disks), pv, pod], 1)
             for disk in target.disks:
@@ -44,4 +51,8 @@ class TargetCollector:
                 seen.add(d.name)
                 size.add_metric([d.name], d.size_bytes)
         self._kubelet = chosen
-        return [info, disks, size]
+        responsive, answered = metrics.MOUNT_RESPONSIVE.family(), metrics.MOUNT_LAST_RESPONSE_TIME.family()
+        for mount in self.view.mount_readings():
+            responsive.add_metric([mount.target, mount.device], 1.0 if mount.responsive else 0.0)
+            answered.add_metric([mount.target, mount.device], mount.last_response_time)
+        return [info, disks, size, responsive, answered]

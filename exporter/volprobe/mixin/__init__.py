@@ -83,6 +83,7 @@ class MixinConfig:
     exporter_down_for: str = setting("5m", DURATION, "for: of the exporter down alert")
     warmup_stall_window: str = setting("30m", DURATION, "a warm-up without progress this long is stalled")
     warmup_stall_for: str = setting("5m", DURATION, "for: of the warm-up stall alert")
+    mount_hung_for: str = setting("1m", DURATION, "for: of the hung mount alert (after mount_check.timeout)")
     runbook_url: str = setting(
         "https://github.com/volprobe/volprobe/blob/main/alerts/runbook.md#{anchor}",
         TEXT,

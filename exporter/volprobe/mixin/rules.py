@@ -315,6 +315,21 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
     rules.append(
         _alert(
             c,
+            "VolprobeMountHung",
+            # The value: how long since the mount last answered (the start of the epoch if it never did).
+            f"time() - {metrics.MOUNT_LAST_RESPONSE_TIME.name}{{{sel}}}\n"
+            f"and on ({by(c, TARGET)}) {metrics.MOUNT_RESPONSIVE.name}{{{sel}}} == 0",
+            c.mount_hung_for,
+            "critical",
+            "A directory target's mount does not answer: every process touching it hangs.",
+            "The filesystem of {{ $labels.target }} on {{ $labels.instance }} last answered a statfs and a stat of "
+            "its directory {{ $value | humanizeDuration }} ago: the mount hangs (an NFS, CephFS or SMB server gone, "
+            "a FUSE daemon stuck) or fails.",
+        )
+    )
+    rules.append(
+        _alert(
+            c,
             "VolprobeProbeErrors",
             # The failures counter exists at 0 from a probe's start, so the very first failure is an increase
             # (an errno series would appear at 1, which increase() cannot see).

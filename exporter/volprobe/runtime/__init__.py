@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .. import __version__, capabilities, diskstats, supervise
+from .. import __version__, capabilities, diskstats, mountcheck, supervise
 from .. import targets as targets_mod
 from ..config import Config, ConfigError
 from ..discovery import BlockDevice, Host
@@ -34,6 +34,7 @@ from ..targets import ResolvedTarget
 from ..view import (
     BuildInfo,
     DiskThrottle,
+    MountReading,
     ProbeReading,
     ProviderDevice,
     ReloadOutcome,
@@ -44,6 +45,7 @@ from ..view import (
 from . import readings
 from . import reload as reload_plan
 from .follow import DeviceFollower
+from .mounts import MountWatch
 from .probes import STOP_TIMEOUT_S, ProbeSet, RunningProbe
 from .provider import ProviderStats
 from .throttle import ThrottleWatch
@@ -88,18 +90,41 @@ class Exporter:
             self._warm_discovered,
             capabilities=self.found,
         )
+        self.checks = mountcheck.Checks()  # calls into directories that may hang, one at a time per directory
+        self.mounts = MountWatch(self.probes, self.checks, self._resume)
         self.last_reload_successful = True
         self.last_reload_success_time = time.time()
 
     def start(self) -> None:
-        resolved = targets_mod.resolve(self.config, self.host)
+        resolved = targets_mod.resolve(self.config, self.host, checks=self.checks)
         for warning in targets_mod.prepare(self.host, resolved, strict=not self.config.builtin):
             log.warning("%s; will retry (run as root or in group disk, and expose the device to containers)", warning)
         with self._lock:
             self._start_targets(resolved)
             self.throttle.apply(self.config.throttle)
             self.follower.apply(self.config)
+            self.mounts.apply(self.config.mount_check)
         self.provider.start()
+
+    def _resume(self, pending: ResolvedTarget) -> None:
+        """A directory that did not answer when it was resolved answers now: resolve and start it (from the mount
+        watch's thread). Another refusal (its directory is gone, say) is logged and it stays pending."""
+        with self._lock:
+            if not any(t is pending for t in self.probes.targets()):
+                return  # a reload replaced it meanwhile
+            try:
+                resolved = targets_mod.resolve(self.config, self.host, [pending.config], checks=self.checks)
+                if any(t.pending for t in resolved):
+                    return
+                targets_mod.prepare(self.host, resolved, strict=not self.config.builtin)
+            except ConfigError as err:
+                why = "; ".join(err.problems)
+                if why != pending.pending:
+                    log.error("%s: its mount answers, but it cannot be probed: %s", pending.name, why)
+                pending.pending = why
+                return
+            self.probes.remove([pending], 0.0, "its mount answers")
+            self._start_targets(resolved)
 
     def _start_targets(self, resolved: list[ResolvedTarget]) -> None:
         new = self.probes.add(resolved, self.config.window, self.config.buckets, self.state)
@@ -108,7 +133,7 @@ class Exporter:
 
     def _stop_targets(self, gone: list[ResolvedTarget], timeout: float = STOP_TIMEOUT_S, why: str = "") -> None:
         self.warmups.stop(gone, why=why)
-        self.probes.remove(gone, timeout, why)
+        self.probes.remove(gone, timeout, why, hung=self.mounts.hung())
 
     def _warm_discovered(self, found: list[ResolvedTarget], appeared: bool) -> None:
         discovery = self.config.discovery
@@ -149,7 +174,7 @@ class Exporter:
     def _plan_reload(self, config: Config) -> _Change:
         """Resolve the new configuration (every check, as at start-up) and match it with what runs. No I/O
         beyond resolving; nothing changes."""
-        resolved = targets_mod.resolve(config, self.host)
+        resolved = targets_mod.resolve(config, self.host, checks=self.checks)
         old = self.config
         restart_all = ""
         if (config.window, config.buckets) != (old.window, old.buckets):
@@ -192,8 +217,8 @@ class Exporter:
         discovery was probing: the discovered one stops first. A new state directory serves what starts from
         now on; running probes and warm-ups keep the store they started with."""
         config = self.config = change.config
-        claimed = {t.device.name for t in change.plan.start}
-        taken = [t for t in self.probes.targets() if t.discovered and t.device.name in claimed]
+        claimed = {t.device_name for t in change.plan.start} - {""}
+        taken = [t for t in self.probes.targets() if t.discovered and t.device_name in claimed]
         if taken:
             self._stop_targets(taken, why="now a configured target")
         directory = state_directory(config.state_directory)
@@ -217,6 +242,7 @@ class Exporter:
         config = change.config
         self.throttle.apply(config.throttle)
         self.follower.apply(config)
+        self.mounts.apply(config.mount_check)
         warm = config.discovery.warmup if config.discovery else None
         again = self.warmups.discovered_spec_changed(warm)
         self._warm_discovered([t for t, appeared in again if appeared], True)
@@ -299,6 +325,9 @@ class Exporter:
     def provider_readings(self) -> dict[str, ProviderDevice]:
         return readings.provider_readings(self.provider)
 
+    def mount_readings(self) -> list[MountReading]:
+        return self.mounts.readings()
+
     def warmup_readings(self) -> list[WarmupReading]:
         return readings.warmup_readings(self.warmups)
 
@@ -307,11 +336,13 @@ class Exporter:
 
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[str]:
         """Stop every worker; return the names of those still stuck in the kernel after `timeout`."""
+        hung = self.mounts.hung()
+        self.mounts.stop()
         self.follower.stop()
         self.provider.stop()
         self.throttle.stop()
         self.warmups.stop_all()
-        stuck = self.probes.stop(timeout)
+        stuck = self.probes.stop(timeout, hung)
         self._diskstats.close()
         return stuck
 
@@ -329,5 +360,5 @@ class _Change:
 def _raw_device(target: ResolvedTarget) -> tuple[int, int] | None:
     """The device a target holds with O_EXCL (raw write probes, a write warm-up), by number; else None."""
     if target.kind == "device" and target.config.writes:
-        return target.device.major, target.device.minor
+        return target.block.major, target.block.minor
     return None

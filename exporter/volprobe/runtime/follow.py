@@ -177,14 +177,14 @@ class DeviceFollower:
             discovery = config.discovery
             found = candidates(self.host, discovery)
             running = self.probes.targets()
-            configured = {t.device.name for t in running if not t.discovered}
+            configured = {t.device_name for t in running if not t.discovered}
             kept: set[str] = set()
             for target in (t for t in running if t.discovered):
-                name = target.device.name
+                name = target.block.name
                 why = self._why_stop(target, found, configured, discovery)
                 if why:
                     if why.startswith(("no longer", "the device was replaced")) and self._there_at_start:
-                        self._there_at_start.discard(VolumeIdentity.of(target.device).key)  # back later: appeared
+                        self._there_at_start.discard(VolumeIdentity.of(target.block).key)  # back later: appeared
                     self._stop_targets([target], DISCOVERED_STOP_TIMEOUT_S, why)
                 else:
                     kept.add(name)
@@ -203,8 +203,8 @@ class DeviceFollower:
                 self._start_targets(resolved)
                 there = self._there_at_start if self._there_at_start is not None else set()
                 if name in self._names_at_start:  # the first rescan: there at start, whatever udev added since
-                    there |= {VolumeIdentity.of(t.device).key for t in resolved}
-                appeared = [t for t in resolved if VolumeIdentity.of(t.device).key not in there]
+                    there |= {VolumeIdentity.of(t.block).key for t in resolved}
+                appeared = [t for t in resolved if VolumeIdentity.of(t.block).key not in there]
                 self._warm(appeared, True)
                 self._warm([t for t in resolved if t not in appeared], False)
             self._names_at_start = set()
@@ -216,7 +216,7 @@ class DeviceFollower:
     def _why_stop(
         self, target: ResolvedTarget, found: dict[str, str], configured: set[str], discovery: DiscoveryConfig
     ) -> str:
-        name = target.device.name
+        name = target.block.name
         if name not in found:
             present = self.host.known_device(name)
             if present is None or present.size_bytes == 0:  # gone, or a loop device left with no file
@@ -225,7 +225,7 @@ class DeviceFollower:
         if name in configured:
             return "now a configured target"
         now = self.host.known_device(name)
-        if now is None or device_identity(now) != device_identity(target.device):
+        if now is None or device_identity(now) != device_identity(target.block):
             return "the device was replaced"
         wanted = discovered_target(name, found[name], discovery)
         if fingerprint(target.config) != fingerprint(wanted):

@@ -37,7 +37,7 @@ class RunningProbe:
 
     @property
     def labels(self) -> dict[str, str]:
-        return {"target": self.target.name, "device": self.target.device.name, "op": self.spec.op}
+        return {"target": self.target.name, "device": self.target.device_name, "op": self.spec.op}
 
 
 class ProbeSet:
@@ -77,7 +77,8 @@ class ProbeSet:
         """Each probed device and the whole disks beneath it."""
         names: set[str] = set()
         for target in self.targets():
-            names.add(target.device.name)
+            if target.device is not None:  # a network filesystem has no diskstats
+                names.add(target.device.name)
             names.update(target.disks)
         return names
 
@@ -88,7 +89,7 @@ class ProbeSet:
         volume's state in `store`."""
         new = []
         for target in resolved:
-            for spec in target.probes:
+            for spec in () if target.pending else target.probes:  # a pending target waits for its mount
                 stats = ProbeStats(window, buckets)
                 io = targets_mod.io_target(self.host, target, spec)
                 cursor = _cursor(store, target, spec, io)
@@ -105,7 +106,7 @@ class ProbeSet:
                 "probing %s (%s, %s) with %s %dB every %gs",
                 running.target.name,
                 running.target.path,
-                running.target.device.name,
+                running.target.device_name or "no block device",
                 spec.op,
                 spec.block_size,
                 spec.interval,
@@ -120,18 +121,28 @@ class ProbeSet:
                 if running.target is target and running.spec.op in by_op:
                     running.spec = by_op[running.spec.op]
 
-    def remove(self, gone: list[ResolvedTarget], timeout: float = STOP_TIMEOUT_S, why: str = "") -> None:
-        """Stop the targets' workers and drop them, so their series go with the next scrape."""
+    def remove(
+        self,
+        gone: list[ResolvedTarget],
+        timeout: float = STOP_TIMEOUT_S,
+        why: str = "",
+        hung: frozenset[str] = frozenset(),
+    ) -> None:
+        """Stop the targets' workers and drop them, so their series go with the next scrape. Directories in `hung`
+        (their mount does not answer) are not waited for, and are let go of in a thread of their own."""
         ids = {id(t) for t in gone}
         with self._lock:
             stopping = [p for p in self._running if id(p.target) in ids]
             self._running = [p for p in self._running if id(p.target) not in ids]
             self._targets = [t for t in self._targets if id(t) not in ids]
             self._index()
-        stuck = _stop(stopping, timeout)
+        stuck = _stop(stopping, timeout, hung)
         for name in stuck:
             log.warning("probe %s is still blocked in the kernel; it exits when its request returns", name)
-        targets_mod.close(gone)  # let go of their directories
+        directories = [t for t in gone if t.kind == "directory"]
+        targets_mod.close([t for t in gone if t.kind != "directory"])
+        if directories:  # let go of their directories, where a close may block
+            threading.Thread(target=targets_mod.close, args=(directories,), name="close targets", daemon=True).start()
         for target in gone:
             log.info("stopped probing %s (%s)%s", target.name, target.path, f": {why}" if why else "")
 
@@ -143,15 +154,17 @@ class ProbeSet:
                 self._by_disk.setdefault(disk, []).append(running)
         self._disks = frozenset(self._by_disk)
 
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[str]:
+    def stop(self, timeout: float = STOP_TIMEOUT_S, hung: frozenset[str] = frozenset()) -> list[str]:
         """Stop every worker; return the names of those still stuck in the kernel after `timeout`."""
-        return _stop(self.running(), timeout)
+        return _stop(self.running(), timeout, hung)
 
 
 def _cursor(store: StateStore, target: ResolvedTarget, spec: ProbeConfig, io: IOTarget) -> ProbeCursor | None:
     """The probe's place in the volume's permutation of blocks. A probe file is known by its inode too: a new
     file has new blocks, none of them touched."""
-    if store.directory is None or spec.kind.offsets == "none":
+    if store.directory is None or spec.kind.offsets == "none" or target.device is None:
+        # No state for a metadata sequence (no offsets), nor for a directory without a volume (state is kept
+        # per volume): it starts fresh offsets at each start.
         return None
     where = "device"
     in_file = spec.kind.file or (target.probe_file and io.path == target.probe_file)
@@ -168,13 +181,23 @@ def _cursor(store: StateStore, target: ResolvedTarget, spec: ProbeConfig, io: IO
     return ProbeCursor(store.volume(target.device), name, random.getrandbits(64), reserve)
 
 
-def _stop(probes: list[RunningProbe], timeout: float) -> list[str]:
+def _stop(probes: list[RunningProbe], timeout: float, hung: frozenset[str] = frozenset()) -> list[str]:
+    """Stop the workers, wait up to `timeout` for them (not at all for those of the directories in `hung`:
+    their mount does not answer), close what they held. A directory target's descriptors are closed in a
+    thread of their own: a close on a hung network filesystem or FUSE mount blocks (it flushes)."""
     for running in probes:
         running.worker.stop()
     stuck = []
     deadline = time.monotonic() + timeout
+    later = []
     for running in probes:
-        if not running.worker.join(max(0.0, deadline - time.monotonic())):
+        wait = 0.0 if running.target.path in hung else max(0.0, deadline - time.monotonic())
+        if not running.worker.join(wait):
             stuck.append(f"{running.target.name} {running.spec.op}")
-        running.worker.close()
+        if running.target.kind == "directory":
+            later.append(running.worker.close)
+        else:
+            running.worker.close()
+    if later:
+        threading.Thread(target=lambda: [close() for close in later], name="close probes", daemon=True).start()
     return stuck

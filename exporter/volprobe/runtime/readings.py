@@ -26,7 +26,7 @@ def probe_readings(probes: ProbeSet) -> list[ProbeReading]:
             ProbeReading(
                 identity=running,
                 target=running.target.name,
-                device=running.target.device.name,
+                device=running.target.device_name,
                 spec=running.spec,
                 source=running.source,
                 buckets=running.stats.buckets,
@@ -89,7 +89,7 @@ def warmup_readings(warmups: WarmupManager) -> list[WarmupReading]:
         readings.append(
             WarmupReading(
                 target.name,
-                target.device.name,
+                target.device_name,
                 progress.total_bytes,
                 progress.done_bytes,
                 progress.ratio,

@@ -24,8 +24,11 @@ def fingerprint(target: TargetConfig) -> TargetConfig:
     return replace(target, key="", probes=probes, limits=Limits(), warmup=None)
 
 
-def device_identity(device: BlockDevice) -> tuple[int, int, int, str]:
-    """The same device: same numbers, size and volume (a re-attached volume may get the old numbers)."""
+def device_identity(device: BlockDevice | None) -> tuple[int, int, int, str]:
+    """The same device: same numbers, size and volume (a re-attached volume may get the old numbers). A
+    directory without a block device is known by its configuration alone."""
+    if device is None:
+        return 0, 0, 0, ""
     return device.major, device.minor, device.size_bytes, VolumeIdentity.of(device).key
 
 

@@ -123,13 +123,13 @@ class WarmupManager:
                 self._entries.append(entry)
                 self._max_concurrent = spec.max_concurrent
             if appeared and phase != "done" and self.store.directory is not None:
-                self.store.volume(target.device).put(QUEUED_SECTION, {"since": round(time.time(), 3)})
+                self.store.volume(target.block).put(QUEUED_SECTION, {"since": round(time.time(), 3)})
             log.info("discovered %s: warm-up queued (%s)", target.name, job.identity.device)
         self._start_queued()
 
     def _queued_before(self, target: ResolvedTarget) -> bool:
         """Queued when it appeared, before a restart, and not begun since (so no checkpoint of its own)."""
-        return self.store.directory is not None and self.store.volume(target.device).get(QUEUED_SECTION) is not None
+        return self.store.directory is not None and self.store.volume(target.block).get(QUEUED_SECTION) is not None
 
     def _start_queued(self) -> None:
         with self._lock:

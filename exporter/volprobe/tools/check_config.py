@@ -44,8 +44,13 @@ def run_check_config(argv: Sequence[str]) -> int:
         return report(err)
     print(f"{args.file}: OK, {len(resolved)} target(s), window {units.format_duration(config.window)}")
     for target in resolved:
-        where = f"{target.path} on {target.device.name}" if target.kind == "directory" else target.path
-        print(f"- {target.name}: {target.kind} {where} ({units.format_size(target.device.size_bytes)})")
+        device = target.device
+        if device is None:
+            fstype = target.mount.fstype if target.mount else "unknown"
+            print(f"- {target.name}: {target.kind} {target.path} on {fstype}, no block device")
+        else:
+            where = f"{target.path} on {device.name}" if target.kind == "directory" else target.path
+            print(f"- {target.name}: {target.kind} {where} ({units.format_size(device.size_bytes)})")
         if target.probe_file and target.needs_probe_file:
             print(f"    probe file {target.probe_file}, {units.format_size(target.config.probe_file_size)}")
         for probe in target.probes:

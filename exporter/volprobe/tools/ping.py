@@ -86,9 +86,10 @@ def run_ping(argv: Sequence[str]) -> int:
     chosen = resolved[0]
     io = targets.io_target(host, chosen, probe)
     where = kind.source.replace("_", " ") if (is_dir and kind.writes) else "block device"
-    size = chosen.config.probe_file_size if is_dir and kind.writes else chosen.device.size_bytes
+    where = "probe file" if io.path == chosen.probe_file else where
+    size = chosen.config.probe_file_size if where != "block device" else chosen.block.size_bytes
     sized = "" if kind.offsets == "none" else f" {units.format_size(size)}"  # a directory has no size to tell
-    title = f"{io.path} ({where}{sized}, {chosen.device.name})"
+    title = f"{io.path} ({where}{sized}, {chosen.device_name or 'no block device'})"
     arrow = kind.arrow
     block_size = probe.block_size
     finished = threading.Event()

@@ -1,0 +1,166 @@
+"""Directories without a block device (the FUSE lab standing in for NFS, CephFS, SMB) and hung mounts (issue 27):
+probed through the probe file, checked for answers with a deadline, and never able to block a scrape, a reload,
+a stop or another target."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from volprobe import mixin
+from volprobe.mixin import rules
+
+from .support.harness import MIB, probes_done, sample_value, wait_until, write_config
+
+pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.slow]
+
+CHECK = "mount_check: {interval: 200ms, timeout: 1s}\n"
+
+
+def threads(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+
+
+def responsive(samples, target: str) -> float | None:
+    return sample_value(samples, "volprobe_mount_responsive", target=target)
+
+
+def fuse_target(name: str, path: Path) -> str:
+    return (
+        f"  - {{name: {name}, directory: {path}, probe_file_size: 4MiB, "
+        f"probes: [{{op: write, interval: 100ms}}, {{op: read, interval: 100ms}}]}}\n"
+    )
+
+
+def timed_scrape(exporter) -> float:
+    start = time.monotonic()
+    exporter.get()
+    return time.monotonic() - start
+
+
+def test_a_fuse_directory_is_probed_and_its_hung_mount_blocks_nothing(
+    tmp_path, fuse_directory, make_loop, start_exporter, start_prometheus
+) -> None:
+    lab, other = fuse_directory(), fuse_directory()
+    loop = make_loop(16 * MIB)
+    disk = f"  - {{name: disk, device: {loop}, probes: [{{op: read, interval: 100ms}}]}}\n"
+    text = CHECK + "targets:\n" + fuse_target("nas", lab.path) + disk
+    config = Path(write_config(tmp_path, text))
+    exporter = start_exporter("--config", str(config))
+    pid = exporter.process.pid
+
+    # Probed through the probe file: writes and reads, no device, the filesystem type from mountinfo.
+    samples = exporter.wait_for(
+        lambda s: probes_done(s, "nas", "write") >= 5 and probes_done(s, "nas", "read") >= 5 and responsive(s, "nas"),
+        what="probes of the FUSE directory",
+    )
+    (info,) = [labels for labels, _ in samples["volprobe_target_info"] if labels["target"] == "nas"]
+    assert info["fstype"].startswith("fuse") and info["device"] == "" and info["mountpoint"] == str(lab.path)
+    sources = {
+        labels["op"]: labels["source"] for labels, _ in samples["volprobe_probe_info"] if labels["target"] == "nas"
+    }
+    assert sources == {"write": "probe_file", "read": "probe_file"}
+    assert not any(
+        labels.get("device") == ""
+        for name, series in samples.items()
+        if name.startswith("volprobe_disk_")
+        for labels, _ in series
+    )
+    assert (lab.backing / ".volprobe-probe").stat().st_size == 4 * MIB
+
+    rules_path = tmp_path / "rules.yml"
+    rules_path.write_text(rules.render(mixin.from_mapping({"mount_hung_for": "2s"})))
+    prometheus = start_prometheus(
+        f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: [{rules_path}]
+scrape_configs:
+  - job_name: volprobe
+    static_configs: [{{targets: ["127.0.0.1:{exporter.port}"]}}]
+"""
+    )
+
+    # The stall: every operation of the mount blocks.
+    before = threads(pid)
+    lab.stall("all")
+    stalled = time.monotonic()
+    exporter.wait_for(lambda s: responsive(s, "nas") == 0, timeout=5, what="the mount to be reported hung")
+    assert time.monotonic() - stalled < 1 + 0.2 + 1.5  # timeout + interval + a scrape or two
+    disk_reads = probes_done(exporter.metrics(), "disk")
+    # Many checks' worth of time: the other target goes on, scrapes stay fast, no thread piles up.
+    wait_until(lambda: time.monotonic() - stalled > 4, 10)  # 20 check intervals
+    samples = exporter.metrics()
+    assert probes_done(samples, "disk") >= disk_reads + 10
+    assert max(timed_scrape(exporter) for _ in range(5)) < 1.0
+    assert threads(pid) <= before + 3, (before, threads(pid))  # one check; a scrape's connection or two
+    wait_until(
+        lambda: any(
+            a["labels"]["alertname"] == "VolprobeMountHung" and a["state"] == "firing" for a in prometheus.alerts()
+        ),
+        30,
+        "VolprobeMountHung to fire",
+    )
+
+    # A reload while it hangs: adds a FUSE directory, keeps the hung one; it does not wait on the hung mount.
+    start = time.monotonic()
+    exporter.reload(config, text + fuse_target("nas2", other.path))
+    assert time.monotonic() - start < 5
+    exporter.wait_for(lambda s: probes_done(s, "nas2", "write") >= 3 and responsive(s, "nas2") == 1, what="nas2")
+    assert responsive(exporter.metrics(), "nas") == 0
+
+    # Released: the mount answers and its probes go on.
+    lab.release()
+    written = probes_done(exporter.metrics(), "nas", "write")
+    exporter.wait_for(
+        lambda s: responsive(s, "nas") == 1 and probes_done(s, "nas", "write") > written + 3, what="recovery"
+    )
+    wait_until(lambda: not any(a["labels"]["alertname"] == "VolprobeMountHung" for a in prometheus.alerts()), 30)
+
+    # Stalled again, then a reload that removes both FUSE targets, then SIGTERM: neither waits on the mount.
+    lab.stall("all")
+    exporter.wait_for(lambda s: responsive(s, "nas") == 0, timeout=5, what="hung again")
+    start = time.monotonic()
+    exporter.reload(config, CHECK + "targets:\n" + disk)
+    assert time.monotonic() - start < 5
+    samples = exporter.metrics()
+    assert sample_value(samples, "volprobe_mount_responsive", target="nas") is None
+    exporter.reload(config, text)  # the hung directory is back: pending or stuck, but the reload returns
+    start = time.monotonic()
+    assert exporter.stop() == 0
+    assert time.monotonic() - start < 8
+
+
+def test_started_while_the_mount_hangs_then_killed_and_restarted(
+    tmp_path, fuse_directory, make_loop, start_exporter
+) -> None:
+    lab = fuse_directory()
+    loop = make_loop(16 * MIB)
+    disk = f"  - {{name: disk, device: {loop}, probes: [{{op: read, interval: 100ms}}]}}\n"
+    config = write_config(tmp_path, CHECK + "targets:\n" + fuse_target("nas", lab.path) + disk)
+    lab.stall("meta")
+    exporter = start_exporter("--config", config, ready_timeout=15)
+    # Started: the hung directory waits (pending), the disk is probed.
+    samples = exporter.wait_for(lambda s: probes_done(s, "disk") >= 5, what="the disk's probes")
+    assert responsive(samples, "nas") == 0
+    assert probes_done(samples, "nas", "write") == 0
+    lab.release()
+    exporter.wait_for(
+        lambda s: responsive(s, "nas") == 1 and probes_done(s, "nas", "write") >= 3, what="the directory's probes"
+    )
+    identity = (lab.backing / ".volprobe-probe").stat().st_ino
+
+    # kill -9, with the mount hung, and a restart: the same probe file, probed again once the mount answers.
+    lab.stall("meta")
+    exporter.process.send_signal(signal.SIGKILL)
+    exporter.process.wait(10)
+    lab.release()
+    again = start_exporter("--config", config)
+    again.wait_for(lambda s: probes_done(s, "nas", "write") >= 3 and responsive(s, "nas") == 1, what="restart")
+    assert (lab.backing / ".volprobe-probe").stat().st_ino == identity
+    assert os.path.exists(lab.path / ".volprobe-probe")
+    assert again.stop() == 0

@@ -1,0 +1,99 @@
+"""Calls into a filesystem that may hang (a dead NFS server, a stalled FUSE daemon), made with a deadline.
+
+A thread blocked in such a call cannot be interrupted or joined: it returns when the server does, maybe never.
+So each call runs in a daemon thread of its own, the caller waits for it up to a deadline, and at most one call
+per key (a target's directory) is outstanding: while one is, the next caller waits for that one's deadline and
+then gives up (Hung) without starting another, so a hung mount costs one thread, never one per check.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class Hung(Exception):
+    """The filesystem did not answer within the deadline."""
+
+
+class Checks:
+    """At most one outstanding call per key, each in a daemon thread of its own."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._outstanding: dict[str, float] = {}  # key -> when its call started
+        self._changed = threading.Condition()
+
+    def outstanding_since(self, key: str) -> float | None:
+        with self._changed:
+            return self._outstanding.get(key)
+
+    def outstanding(self) -> int:
+        with self._changed:
+            return len(self._outstanding)
+
+    def submit(self, key: str, function: Callable[[], object], done: Callable[[BaseException | None], None]) -> bool:
+        """Start `function` in a thread unless a call of `key` is outstanding (False then); `done` gets its error
+        (None on success) from that thread once it returns."""
+        with self._changed:
+            if key in self._outstanding:
+                return False
+            self._outstanding[key] = self._clock()
+
+        def run() -> None:
+            error: BaseException | None = None
+            try:
+                function()
+            except BaseException as err:  # reported to `done`, whatever it is: the thread must end quietly
+                error = err
+            finally:
+                with self._changed:
+                    self._outstanding.pop(key, None)
+                    self._changed.notify_all()
+            done(error)
+
+        threading.Thread(target=run, name=f"mount check {key}", daemon=True).start()
+        return True
+
+    def call(self, key: str, function: Callable[[], T], timeout: float) -> T:
+        """`function()`'s result, or its exception; Hung if it (or the call of `key` already outstanding) does not
+        return within `timeout` of its start. The caller never waits longer than about twice `timeout`."""
+        with self._changed:
+            since = self._outstanding.get(key)
+            while since is not None:
+                left = since + timeout - self._clock()
+                if left <= 0:
+                    raise Hung(f"a call started {self._clock() - since:.1f}s ago has not returned")
+                self._changed.wait(left)
+                since = self._outstanding.get(key)
+        result: list[T] = []
+        finished = threading.Event()
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            result.append(function())
+
+        def done(error: BaseException | None) -> None:
+            if error is not None:
+                errors.append(error)
+            finished.set()
+
+        if not self.submit(key, call, done):  # another caller started one in between: wait for it instead
+            return self.call(key, function, timeout)
+        if not finished.wait(timeout):
+            raise Hung(f"no answer within {timeout:g}s")
+        if errors:
+            raise errors[0]
+        return result[0]
+
+
+def answer(path: str) -> None:
+    """What a mount check asks of a directory: statfs (the filesystem, from its server) and a stat (the
+    directory's attributes, revalidated on network filesystems). Raises what they raise."""
+    os.statvfs(path)
+    os.stat(path)

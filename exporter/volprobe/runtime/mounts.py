@@ -1,0 +1,140 @@
+"""Whether each directory target's mount answers (`mount_check`): the mount watch.
+
+Every `interval` each directory target's directory is asked (statfs, then a stat) in a thread of its own
+(mountcheck.Checks: at most one outstanding per directory, so a hung server costs one thread, not one per
+check). A mount is responsive while its last check answered without error and no check has been outstanding
+longer than `timeout`. The watch itself never touches a filesystem, so neither do scrapes, which read its
+snapshot; a directory that did not answer when its target was resolved (`pending`) is handed to `resume`
+once it answers.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .. import mountcheck, supervise
+from ..config import MountCheckConfig
+from ..targets import ResolvedTarget
+from ..view import MountReading
+from .probes import ProbeSet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Mount:
+    answered_at: float = 0.0  # Unix time of the last answer without error; 0: none yet
+    failed: str = ""  # the last check's error, "" if it answered
+    hung_since: float | None = None  # the outstanding check said hung in the log (once per hang)
+
+
+class MountWatch:
+    def __init__(
+        self,
+        probes: ProbeSet,
+        checks: mountcheck.Checks,
+        resume: Callable[[ResolvedTarget], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.probes = probes
+        self.checks = checks
+        self.resume = resume  # starts a pending target once its mount answers
+        self.clock = clock
+        self.config = MountCheckConfig()
+        self._mounts: dict[str, _Mount] = {}  # by directory
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def apply(self, config: MountCheckConfig) -> None:
+        self.config = config
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="mount watch", daemon=True)
+            self._thread.start()
+        self._wake.set()  # check new targets now
+
+    def stop(self) -> None:
+        """Never waits on a check: the watch itself does not touch a filesystem, its checks' threads are left."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
+
+    def _run(self) -> None:
+        supervise.run("mount", self._loop, self._stopping, "mount watch")
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._round()
+            self._wake.wait(self.config.interval)
+            self._wake.clear()
+
+    def _round(self) -> None:
+        directories = [t for t in self.probes.targets() if t.kind == "directory"]
+        with self._lock:
+            paths = {t.path for t in directories}
+            for gone in set(self._mounts) - paths:
+                del self._mounts[gone]
+        for target in directories:
+            state = self._state(target.path)
+            since = self.checks.outstanding_since(target.path)
+            if since is not None and self.clock() - since > self.config.timeout and state.hung_since != since:
+                state.hung_since = since
+                log.warning(
+                    "%s: the mount of %s has not answered for %.0fs", target.name, target.path, self.clock() - since
+                )
+            if target.pending and state.answered_at and not state.failed:
+                self.resume(target)  # resolves it again, with a deadline; starts it if that answers
+            self.checks.submit(target.path, functools.partial(mountcheck.answer, target.path), self._done(target.path))
+
+    def _state(self, path: str) -> _Mount:
+        with self._lock:
+            return self._mounts.setdefault(path, _Mount())
+
+    def _done(self, path: str) -> Callable[[BaseException | None], None]:
+        def done(error: BaseException | None) -> None:
+            with self._lock:
+                state = self._mounts.get(path)
+                if state is None:
+                    return
+                previous = state.failed
+                if error is None:
+                    state.answered_at, state.failed = time.time(), ""
+                else:
+                    state.failed = str(error) or type(error).__name__
+            if error is not None and state.failed != previous:
+                log.warning("mount check of %s failed: %s", path, state.failed)
+            elif error is None and previous:
+                log.info("mount check of %s answers again", path)
+
+        return done
+
+    def hung(self) -> frozenset[str]:
+        """The directories whose check has been outstanding longer than the timeout."""
+        now, timeout = self.clock(), self.config.timeout
+        return frozenset(
+            t.path
+            for t in self.probes.targets()
+            if t.kind == "directory" and now - (self.checks.outstanding_since(t.path) or now) > timeout
+        )
+
+    def readings(self) -> list[MountReading]:
+        now = self.clock()
+        timeout = self.config.timeout
+        result = []
+        for target in self.probes.targets():
+            if target.kind != "directory":
+                continue
+            with self._lock:
+                state = self._mounts.get(target.path, _Mount())
+            since = self.checks.outstanding_since(target.path)
+            hung = since is not None and now - since > timeout
+            responsive = bool(state.answered_at) and not state.failed and not hung and not target.pending
+            result.append(MountReading(target.name, target.device_name, responsive, state.answered_at))
+        return result
