@@ -164,3 +164,42 @@ def test_started_while_the_mount_hangs_then_killed_and_restarted(
     assert (lab.backing / ".volprobe-probe").stat().st_ino == identity
     assert os.path.exists(lab.path / ".volprobe-probe")
     assert again.stop() == 0
+
+
+def step_seconds(samples, target: str) -> dict[str, float]:
+    return {
+        labels["step"]: v
+        for labels, v in samples.get("volprobe_probe_metadata_step_seconds_total", [])
+        if labels["target"] == target
+    }
+
+
+def test_a_fuse_directory_takes_every_probe_and_a_rename_slowed_20ms_shows_in_its_step(
+    tmp_path, fuse_directory, start_exporter
+) -> None:
+    """A directory without a block device is probed with writes, reads, commits and metadata sequences; when the
+    lab slows its renames by 20 ms, the metadata probes' rename step takes those 20 ms, and the other steps not."""
+    lab = fuse_directory()
+    probes = ", ".join(f"{{op: {op}, interval: 50ms}}" for op in ("write", "read", "commit", "metadata"))
+    text = f"targets:\n  - {{name: nas, directory: {lab.path}, probe_file_size: 4MiB, probes: [{probes}]}}\n"
+    exporter = start_exporter("--config", write_config(tmp_path, text))
+    samples = exporter.wait_for(
+        lambda s: all(probes_done(s, "nas", op) >= 10 for op in ("write", "read", "commit", "metadata")),
+        what="every kind of probe of the FUSE directory",
+    )
+    before, sequences = step_seconds(samples, "nas"), probes_done(samples, "nas", "metadata")
+    fast = before["rename"] / sequences
+    assert fast < 0.005, before  # the lab's own rename, before it is slowed
+
+    lab.set_latency("rename", 0.020)
+    samples = exporter.wait_for(
+        lambda s: probes_done(s, "nas", "metadata") >= sequences + 20, timeout=30, what="slowed sequences"
+    )
+    after = step_seconds(samples, "nas")
+    # The sequences since the slowing (one may have straddled it): their mean per step.
+    count = probes_done(samples, "nas", "metadata") - sequences
+    mean = {step: (after[step] - before[step]) / count for step in after}
+    assert 0.020 * 0.9 <= mean["rename"] - fast <= 0.020 * 1.6, mean
+    assert all(mean[step] < 0.010 for step in mean if step != "rename"), mean
+    assert max(mean, key=mean.__getitem__) == "rename", mean
+    assert exporter.stop() == 0
