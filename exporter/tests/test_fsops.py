@@ -22,9 +22,9 @@ from volprobe.discovery import Host
 from volprobe.probe import NoOffsets, ProbeIO, SequentialPicker
 from volprobe.safety import Refused
 
+from .support.attacks import SWAPS as PROBE_FILE_SWAPS
+from .support.attacks import swap_directory_for_a_symlink, swap_directory_for_another
 from .support.harness import MIB, probes_done, sample_value, sha256_of, volprobe_command, write_config
-from .test_hostile_files import SWAPS as PROBE_FILE_SWAPS
-from .test_hostile_files import _swap_directory_for_a_symlink, _swap_directory_for_another
 
 COMMIT_LOG, META = ops.COMMIT.file, ops.METADATA.file
 ATTACKER = 1000  # the uid owning the target directory, as etcd's user owns /var/lib/etcd
@@ -232,8 +232,8 @@ def _metadata_foreign(data: Path, victim: Path) -> None:
 # that apply to a directory, then a directory's own.
 SWAPS = {
     **{f"commit log: {title}": ("commit", partial(swap, name=COMMIT_LOG)) for title, swap in PROBE_FILE_SWAPS.items()},
-    "metadata: directory swapped for a symlink": ("metadata", partial(_swap_directory_for_a_symlink, name=META)),
-    "metadata: directory swapped for another": ("metadata", partial(_swap_directory_for_another, name=META)),
+    "metadata: directory swapped for a symlink": ("metadata", partial(swap_directory_for_a_symlink, name=META)),
+    "metadata: directory swapped for another": ("metadata", partial(swap_directory_for_another, name=META)),
     "metadata: symlink to another directory": ("metadata", _metadata_symlink),
     "metadata: another directory": ("metadata", _metadata_another_directory),
     "metadata: writable by others": ("metadata", _metadata_open_to_others),

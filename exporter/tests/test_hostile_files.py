@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -20,11 +19,10 @@ from volprobe.config import PROBE_FILE_NAME, load
 from volprobe.discovery import Host
 from volprobe.safety import Refused
 
+from .support.attacks import ATTACKER, SWAPS
 from .support.harness import MIB, probes_done, run, sample_value, sha256_of, write_config
 
 pytestmark = pytest.mark.root
-
-ATTACKER = 1000  # the uid owning the probe directory, as postgres owns /var/lib/postgresql
 
 
 def errors(samples, target: str, name: str) -> float:
@@ -112,58 +110,6 @@ def directory_target(tmp_path, make_loop, mount_fs):
         yield target, io, data, victim
     finally:
         targets.close(resolved)
-
-
-# Each swaps the probe file (or another of volprobe's names in the directory: test_fsops.py's commit log and
-# metadata directory) while volprobe has let go of it.
-
-
-def _swap_symlink(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
-    os.unlink(data / name)
-    os.symlink(victim, data / name)
-
-
-def _swap_hard_link(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
-    os.unlink(data / name)
-    os.link(victim, data / name)
-
-
-def _swap_foreign_copy(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
-    # A copy of the real probe file, header and all, but made (and owned) by the directory's owner: the
-    # attacker's copy could be a hard link's stand-in, or a file they mean volprobe to fill.
-    shutil.copyfile(data / name, data / "copy")
-    os.chown(data / "copy", ATTACKER, ATTACKER)
-    os.replace(data / "copy", data / name)
-
-
-def _swap_our_own_file_copied(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
-    # Same owner, same header, same size: only the inode tells it is not the file checked at start.
-    shutil.copyfile(data / name, data / "copy")
-    os.replace(data / "copy", data / name)
-
-
-def _swap_directory_for_a_symlink(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
-    os.rename(data, data.with_name(f"{data.name}.old"))
-    elsewhere = data.with_name("elsewhere")
-    elsewhere.mkdir()
-    os.rename(data.with_name(f"{data.name}.old") / name, elsewhere / name)
-    os.symlink(elsewhere, data)
-
-
-def _swap_directory_for_another(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
-    os.rename(data, data.with_name(f"{data.name}.old"))
-    data.mkdir()
-    os.rename(data.with_name(f"{data.name}.old") / name, data / name)
-
-
-SWAPS = {
-    "symlink": _swap_symlink,
-    "hard link": _swap_hard_link,
-    "foreign-owned copy": _swap_foreign_copy,
-    "same-owner copy": _swap_our_own_file_copied,
-    "directory swapped for a symlink": _swap_directory_for_a_symlink,
-    "directory swapped for another": _swap_directory_for_another,
-}
 
 
 @pytest.mark.parametrize("swap", SWAPS, ids=list(SWAPS))
