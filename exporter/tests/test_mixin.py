@@ -68,6 +68,7 @@ def test_every_alert_has_severity_summary_description_runbook_and_a_unit_test():
     expected = {
         "VolprobeLatencyHigh",
         "VolprobeLatencyRegression",
+        "VolprobeCommitLatencyHigh",
         "VolprobeThrottled",
         "VolprobeNearProvisionedLimit",
         "VolprobeProbeStalled",
@@ -111,6 +112,26 @@ def test_mixin_configuration_changes_thresholds_and_rejects_unknown_keys(tmp_pat
         mixin.load(path)
     assert any("latency_objectiv: unknown key" in p for p in caught.value.problems)
     assert any("throttle_for" in p for p in caught.value.problems)
+
+
+def test_the_commit_alert_reads_the_per_op_p99_record_at_the_configured_threshold():
+    """The commit p99 is the per-op p99 record, op="commit", in either build (no copy under another name); the
+    alert's threshold and for: come from the mixin configuration, validated by key."""
+    for histograms in ("classic", "native"):
+        c = mixin.from_mapping(
+            {"histograms": histograms, "commit_latency_threshold": "25ms", "commit_latency_for": "3m"}
+        )
+        assert rules.commit_p99(c) == 'target_op:volprobe_probe_latency_seconds:p99_rate5m{job="volprobe", op="commit"}'
+        assert rules.quantile(c, "p99") in recorded_names(c)
+        (alert,) = [r for r in rules.alerting_rules(c) if r["alert"] == "VolprobeCommitLatencyHigh"]
+        assert alert["expr"] == f"{rules.commit_p99(c)} > 0.025" and alert["for"] == "3m"
+        assert "above 25ms" in alert["annotations"]["description"]
+    with pytest.raises(ConfigError) as caught:
+        mixin.from_mapping({"commit_latency_threshold": "fast", "commit_latency_for": -1})
+    assert {p.split(":")[1].strip() for p in caught.value.problems} >= {
+        "commit_latency_threshold",
+        "commit_latency_for",
+    }
 
 
 def test_the_native_build_reads_native_histograms_and_passes_its_promtool_tests(tmp_path):
@@ -389,9 +410,9 @@ PROSE = {"runbook.md"}
 NATIVE = {metrics.PROBE_LATENCY.name}
 
 
-def recorded_names() -> set[str]:
+def recorded_names(c: mixin.MixinConfig = mixin.DEFAULTS) -> set[str]:
     """What the generated rules record (target_op:volprobe_probe_latency_seconds:p99_rate5m, ...)."""
-    return {r["record"] for g in rules.document(mixin.DEFAULTS)["groups"] for r in g["rules"] if "record" in r}
+    return {r["record"] for g in rules.document(c)["groups"] for r in g["rules"] if "record" in r}
 
 
 def volprobe_names(text: str) -> list[str]:

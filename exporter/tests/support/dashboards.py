@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+from volprobe import metrics, ops
 
 # What each variable becomes when a query is checked for syntax or run against a test Prometheus.
 SUBSTITUTIONS = {
@@ -26,6 +29,19 @@ SUBSTITUTIONS = {
     "$namespace": ".*",
     "$pvc": ".*",
 }
+
+
+# A query of the filesystem probes' panels (the Volume dashboard's commit and metadata latency, the metadata
+# steps): empty on a volume without those opt-in probes. Tests of read and write probes leave them to
+# test_e2e_fsops.py, whose directory target has them.
+FILESYSTEM_PROBES = re.compile(
+    r'op="(' + "|".join(op.name for op in ops.OPS.values() if op.buffered) + r')"'
+    rf"|\b{metrics.PROBE_STEP_SECONDS.name}_total\b"
+)
+
+
+def reads_filesystem_probes(expr: str) -> bool:
+    return FILESYSTEM_PROBES.search(expr) is not None
 
 
 def substitute(expr: str, values: dict[str, str] = SUBSTITUTIONS) -> str:

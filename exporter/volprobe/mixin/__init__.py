@@ -64,6 +64,12 @@ class MixinConfig:
         "objective on the p99 over rate_window, per op",
     )
     latency_objective_for: str = setting("10m", DURATION, "for: of the latency objective alert")
+    # etcd's disk guidance: the 99th percentile of a WAL commit's fdatasync under 10 ms. etcd-mixin waits 10m on
+    # its own fsync alert; a slow minute is no verdict on the disk.
+    commit_latency_threshold: str = setting(
+        "10ms", DURATION, "commit probes: alert when their p99 over rate_window is above this (etcd's 10 ms)"
+    )
+    commit_latency_for: str = setting("10m", DURATION, "for: of the commit latency alert")
     regression_factor: float = setting(2.0, RATIO, "regression: p99 above this many times its baseline")
     regression_min_increase: str = setting("1ms", DURATION, "regression: and at least this much above it")
     regression_for: str = setting("15m", DURATION, "for: of the regression alert")

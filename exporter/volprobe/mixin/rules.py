@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from .. import metrics, supervise, units
+from .. import metrics, ops, supervise, units
 from . import MixinConfig
 
 # Every exported name comes from its declaration in volprobe.metrics, so a rename there reaches the rules.
@@ -55,6 +55,14 @@ def probe_count(c: MixinConfig, offset: str) -> str:
 def quantile(c: MixinConfig, name: str) -> str:
     """A latency quantile (p50, p99, p999) over rate_window: target_op:volprobe_probe_latency_seconds:p99_rate5m."""
     return f"target_op:{LATENCY.name}:{name}_rate{c.rate_window}"
+
+
+def commit_p99(c: MixinConfig) -> str:
+    """The commit probes' p99 over rate_window: the per-op p99 record, op="commit". That record already holds
+    every op's (commit's included, in either build); a copy under a name of its own would be the same series
+    twice. This names it once, for the commit alert:
+    target_op:volprobe_probe_latency_seconds:p99_rate5m{op="commit"}."""
+    return f'{quantile(c, "p99")}{{{c.selector}, op="{ops.COMMIT.name}"}}'
 
 
 def daily_quantile(c: MixinConfig, name: str) -> str:
@@ -248,6 +256,22 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             f"The p99 of {{{{ $labels.op }}}} probes of {WHERE} is {{{{ $value | humanizeDuration }}}}, more than "
             f"{factor:g}x its baseline (the median p99 of the last {c.baseline_window}) and at least "
             f"{c.regression_min_increase} above it.",
+        )
+    )
+    # etcd's disk check, run continuously: commit probes are its fio recipe (a 2300-byte write and fdatasync), and
+    # etcd wants the p99 under 10 ms. Only targets with a commit probe (opt-in) have the series.
+    rules.append(
+        _alert(
+            c,
+            "VolprobeCommitLatencyHigh",
+            f"{commit_p99(c)} > {_seconds_text(c.commit_latency_threshold)}",
+            c.commit_latency_for,
+            "warning",
+            "Commits (write + fdatasync) slower than etcd's disk guidance.",
+            f"The p99 of commit probes (a buffered write and fdatasync, as etcd's WAL commits) of {WHERE} is "
+            f"{{{{ $value | humanizeDuration }}}} over the last {c.rate_window}, above "
+            f"{c.commit_latency_threshold}: etcd on this volume would warn of slow fdatasync and may miss "
+            "heartbeats.",
         )
     )
     # Inferred (a plateau, judged from diskstats, valued at its ceiling), or counted by the provider itself (AWS

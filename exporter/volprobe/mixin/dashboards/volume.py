@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from grafana_foundation_sdk.builders import dashboard
+from grafana_foundation_sdk.builders import common, dashboard, prometheus
 from grafana_foundation_sdk.cog.builder import Builder
-from grafana_foundation_sdk.models.dashboard import DashboardLinkType, Panel
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models.dashboard import DashboardLinkType, Panel, Threshold, ThresholdsMode
 
-from ... import metrics, ops
+from ... import metrics, ops, units
 from .. import MixinConfig
-from .panels import Layout, latency_heatmap, new_dashboard, quantile, query, series
+from .panels import LATENCY, Layout, latency_heatmap, new_dashboard, quantile, query, series
 from .variables import (
     TARGET_INFO,
     Scope,
@@ -25,6 +26,9 @@ RECENT = metrics.PROBE_LATENCY_RECENT.name  # a summary: its quantiles are the f
 DISK_READS, DISK_WRITES = metrics.DISK_READS.spec.total, metrics.DISK_WRITES.spec.total
 READ_BYTES, WRITTEN_BYTES = metrics.DISK_READ_BYTES.spec.total, metrics.DISK_WRITTEN_BYTES.spec.total
 READ_TIME, WRITE_TIME = metrics.DISK_READ_TIME.spec.total, metrics.DISK_WRITE_TIME.spec.total
+# The probes of the block layer (O_DIRECT reads and writes), which the device's own latency is comparable with;
+# the filesystem's (commit, metadata) have panels of their own (filesystem()).
+BLOCK_OPS = 'op=~"' + "|".join(op.name for op in ops.OPS.values() if not op.buffered) + '"'
 
 
 def build(c: MixinConfig) -> dashboard.Dashboard:
@@ -46,7 +50,9 @@ def build(c: MixinConfig) -> dashboard.Dashboard:
     for link in links(c):
         d = d.link(link)
     layout = Layout()
-    for panel in (*latency(c, scope, layout), *disk_io(scope, layout), *probe_health(scope, layout)):
+    # The filesystem probes' panels come last, so every panel before them keeps its id and place.
+    panels = (*latency(c, scope, layout), *disk_io(scope, layout), *probe_health(scope, layout))
+    for panel in (*panels, *filesystem(c, scope, layout)):
         d = d.with_panel(panel)
     return d
 
@@ -89,16 +95,18 @@ def latency(c: MixinConfig, scope: Scope, layout: Layout) -> Iterator[Builder[Pa
             "not recalculated).",
             f'{target}, op="{op}"',
         )
+    block = f"{target}, {BLOCK_OPS}"
     yield series(
         layout,
         "Percentiles per op",
         "s",
         [
-            query("A", quantile(c, 0.5, target), "p50 {{op}}"),
-            query("B", quantile(c, 0.99, target), "p99 {{op}}"),
-            query("C", quantile(c, 0.999, target), "p99.9 {{op}}"),
+            query("A", quantile(c, 0.5, block), "p50 {{op}}"),
+            query("B", quantile(c, 0.99, block), "p99 {{op}}"),
+            query("C", quantile(c, 0.999, block), "p99.9 {{op}}"),
         ],
-        description="From the histogram buckets over $__rate_interval.",
+        description="From the histogram buckets over $__rate_interval: the read and write probes (the block "
+        "layer); commit and metadata probes have panels of their own below.",
     )
     # The device's own histogram is exported classic only (no native form): its buckets, in either build.
     nvme = metrics.NVME_LATENCY.bucket
@@ -117,11 +125,11 @@ def latency(c: MixinConfig, scope: Scope, layout: Layout) -> Iterator[Builder[Pa
                 f"histogram_quantile(0.5, sum by (device, op, le) (rate({nvme}{{{disk}}}[$__rate_interval])))",
                 "device p50 {{op}} {{device}}",
             ),
-            query("C", quantile(c, 0.99, target), "probe p99 {{op}}"),
+            query("C", quantile(c, 0.99, block), "probe p99 {{op}}"),
         ],
         description="AWS NVMe devices (EBS, instance store) measure their own latency: all I/O at the device, "
-        "the queue in the guest excluded. Beside the probes' p99 (queue-depth 1, through the guest's stack), "
-        "a gap is the guest's queue; no gap but both high is the volume. Empty for other devices.",
+        "the queue in the guest excluded. Beside the read and write probes' p99 (queue-depth 1, through the "
+        "guest's stack), a gap is the guest's queue; no gap but both high is the volume. Empty for other devices.",
     )
     yield series(
         layout,
@@ -249,3 +257,69 @@ def probe_health(scope: Scope, layout: Layout) -> Iterator[Builder[Panel]]:
         [query("A", f"{metrics.PROBE_SHARE.name}{{{disk}}}", "share {{device}}")],
         description="volprobe backs off 10x while the disk is throttled.",
     )
+
+
+def filesystem(c: MixinConfig, scope: Scope, layout: Layout) -> Iterator[Builder[Panel]]:
+    """The filesystem probes of a directory target (opt-in; empty without them): commit latency against the
+    commit alert's threshold, metadata sequence latency, and where a sequence spends its time, step by step."""
+    target = scope.target
+    commit, meta = ops.COMMIT.name, ops.METADATA.name
+
+    def percentiles(op: str) -> list[prometheus.Dataquery]:
+        matchers = f'{target}, op="{op}"'
+        return [
+            query(ref, quantile(c, q, matchers), f"{name} {op}")
+            for ref, q, name in (("A", 0.5, "p50"), ("B", 0.99, "p99"), ("C", 0.999, "p99.9"))
+        ]
+
+    yield (
+        series(
+            layout,
+            "Commit latency (write + fdatasync)",
+            "s",
+            percentiles(commit),
+            description="Commit probes: a buffered write of one WAL record and fdatasync, as etcd and databases "
+            "commit, from the histogram over $__rate_interval. The dashed line is the commit alert's threshold "
+            f"({c.commit_latency_threshold}: etcd wants the p99 below 10 ms). Empty without a commit probe.",
+        )
+        # Red from the threshold up, drawn as a dashed line: where the p99 must stay below.
+        .thresholds(
+            dashboard.ThresholdsConfig()
+            .mode(ThresholdsMode.ABSOLUTE)
+            .steps(
+                [
+                    Threshold(value=None, color="green"),
+                    Threshold(value=units.parse_duration(c.commit_latency_threshold), color="red"),
+                ]
+            )
+        )
+        .thresholds_style(common.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.DASHED))
+    )
+    yield series(
+        layout,
+        "Metadata sequence latency",
+        "s",
+        percentiles(meta),
+        description="Metadata probes: create, write, fsync, rename, fsync the directory, unlink (an atomic file "
+        "replacement), timed whole, from the histogram over $__rate_interval. Empty without a metadata probe.",
+    )
+    if c.histograms == "native":
+        sequences = f'histogram_count(rate({LATENCY.name}{{{target}, op="{meta}"}}[$__rate_interval]))'
+    else:
+        sequences = f'rate({LATENCY.count}{{{target}, op="{meta}"}}[$__rate_interval])'
+    steps = metrics.PROBE_STEP_SECONDS.total
+    yield series(
+        layout,
+        "Metadata sequence time by step (mean per sequence)",
+        "s",
+        [
+            query(
+                "A",
+                f"sum by (step) (rate({steps}{{{target}}}[$__rate_interval])) / on () group_left () sum({sequences})",
+                "{{step}}",
+            )
+        ],
+        description="Seconds each step of the metadata sequences took, per sequence, over $__rate_interval "
+        "(volprobe_probe_metadata_step_seconds_total over the sequences' rate), stacked: the whole is the mean "
+        "sequence latency, and a slow rename or directory fsync shows as its band growing.",
+    ).stacking(common.StackingConfig().mode(cm.StackingMode.NORMAL))
