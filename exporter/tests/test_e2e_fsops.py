@@ -1,8 +1,8 @@
 """End to end for the filesystem probes' rules and panels (issue 27): a directory on a fresh ext4 with a commit, a
 metadata and a write probe, the real exporter, and a real Prometheus per build of the mixin loading its rules
 (the classic buckets on Prometheus 2, native histograms alone on 3). The commit p99 record, the commit alert and
-every query of the Volume dashboard's commit and metadata panels have data; the block-layer panels keep to the
-read and write probes."""
+every query of the Volume dashboard's commit, metadata and mount panels have data; the block-layer panels keep to
+the read and write probes."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ scrape_configs:
 
 def check_build(histograms: str, c: mixin.MixinConfig, prometheus: RunningPrometheus, values: dict[str, str]) -> None:
     queries = volume_queries(c, values)
-    assert len(queries) == 3 + 3 + 3 + 1, sorted(queries)  # per op; commit; metadata; metadata steps
+    assert len(queries) == 3 + 3 + 3 + 1 + 2, sorted(queries)  # per op; commit; metadata; its steps; the mount
     queries["commit p99 record"] = rules.commit_p99(c)
     queries["alert"] = f'ALERTS{{alertname="{ALERT}", alertstate="firing", target="etcd"}}'
     results: dict[str, list[dict[str, Any]]] = {}

@@ -4,6 +4,7 @@ a stop or another target."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from volprobe import mixin
-from volprobe.mixin import rules
+from volprobe.mixin import dashboards, rules
 
+from .support import dashboards as support_dashboards
 from .support.harness import MIB, probes_done, sample_value, wait_until, write_config
 
 pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.slow]
@@ -35,6 +37,15 @@ def fuse_target(name: str, path: Path) -> str:
         f"  - {{name: {name}, directory: {path}, probe_file_size: 4MiB, "
         f"probes: [{{op: write, interval: 100ms}}, {{op: read, interval: 100ms}}]}}\n"
     )
+
+
+def mount_panel_queries(target: str) -> dict[str, str]:
+    """refId -> query of the Volume dashboard's mount panel for `target` (the classic build's; the native one's is
+    the same), on this test's Prometheus."""
+    model = json.loads(dashboards.render_all(mixin.DEFAULTS)["volprobe-volume.json"])
+    (panel,) = [p for p in support_dashboards.panels(model) if p["title"].startswith("Mount:")]
+    values = {**support_dashboards.SUBSTITUTIONS, "$instance": ".+", "$target": target}
+    return {t["refId"]: support_dashboards.substitute(t["expr"], values) for t in panel["targets"]}
 
 
 def timed_scrape(exporter) -> float:
@@ -105,6 +116,9 @@ scrape_configs:
         30,
         "VolprobeMountHung to fire",
     )
+    # The Volume dashboard's mount panel says so too: "hung for" counts the seconds since the last answer.
+    hung_for = mount_panel_queries("nas")["B"]
+    wait_until(lambda: any(float(r["value"][1]) > 2 for r in prometheus.query(hung_for)), 10, "hung for > 2 s")
 
     # A reload while it hangs: adds a FUSE directory, keeps the hung one; it does not wait on the hung mount.
     start = time.monotonic()

@@ -32,11 +32,12 @@ SUBSTITUTIONS = {
 
 
 # A query of the filesystem probes' panels (the Volume dashboard's commit and metadata latency, the metadata
-# steps): empty on a volume without those opt-in probes. Tests of read and write probes leave them to
-# test_e2e_fsops.py, whose directory target has them.
+# steps, the mount check): empty on a volume without those opt-in probes, or that is a device. Tests of read and
+# write probes of devices leave them to test_e2e_fsops.py, whose directory target has them.
 FILESYSTEM_PROBES = re.compile(
     r'op="(' + "|".join(op.name for op in ops.OPS.values() if op.buffered) + r')"'
     rf"|\b{metrics.PROBE_STEP_SECONDS.name}_total\b"
+    rf"|\b({metrics.MOUNT_RESPONSIVE.name}|{metrics.MOUNT_LAST_RESPONSE_TIME.name})\b"
 )
 
 

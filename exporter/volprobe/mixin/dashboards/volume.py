@@ -261,7 +261,8 @@ def probe_health(scope: Scope, layout: Layout) -> Iterator[Builder[Panel]]:
 
 def filesystem(c: MixinConfig, scope: Scope, layout: Layout) -> Iterator[Builder[Panel]]:
     """The filesystem probes of a directory target (opt-in; empty without them): commit latency against the
-    commit alert's threshold, metadata sequence latency, and where a sequence spends its time, step by step."""
+    commit alert's threshold, metadata sequence latency, and where a sequence spends its time, step by step; and
+    whether its mount answers (every directory target's mount check)."""
     target = scope.target
     commit, meta = ops.COMMIT.name, ops.METADATA.name
 
@@ -323,3 +324,22 @@ def filesystem(c: MixinConfig, scope: Scope, layout: Layout) -> Iterator[Builder
         "(volprobe_probe_metadata_step_seconds_total over the sequences' rate), stacked: the whole is the mean "
         "sequence latency, and a slow rename or directory fsync shows as its band growing.",
     ).stacking(common.StackingConfig().mode(cm.StackingMode.NORMAL))
+    answered = metrics.MOUNT_LAST_RESPONSE_TIME.name
+    yield series(
+        layout,
+        "Mount: seconds since it last answered",
+        "s",
+        [
+            query("A", f"time() - ({answered}{{{target}}} > 0)", "since its last answer"),
+            # The mount check's verdict, as the same seconds: the age while it is hung, 0 while it answers.
+            query(
+                "B",
+                f"(time() - {answered}{{{target}}}) * (1 - {metrics.MOUNT_RESPONSIVE.name}{{{target}}})",
+                "hung for",
+            ),
+        ],
+        description="A directory target's mount is asked for a statfs and a stat every mount_check.interval, "
+        "each with a deadline: the age of its last answer stays below the interval while it answers, and grows "
+        "while it hangs (an NFS, CephFS or SMB server gone). 'hung for' is that age while volprobe_mount_responsive "
+        "is 0. Empty for device targets.",
+    )
