@@ -27,6 +27,7 @@ def _timed(function, *args) -> float:
     return time.perf_counter() - start
 
 
+@pytest.mark.alone  # .ci/run: after the others; beside them a baseline getattr once took 20 ms by itself
 def test_latency_per_operation_and_o_direct(fuse_directory) -> None:
     lab = fuse_directory()
     path = str(lab.path)

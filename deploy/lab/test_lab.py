@@ -32,6 +32,10 @@ def test_qd1_latency_matches_the_configured_latency(lab_volume, read, write):
         assert abs(p50 - configured) <= max(0.10 * configured, 0.0003), (rw, p50, configured)
 
 
+# Throughput at a cap and the lazy volume's latencies need the machine to themselves: beside the parallel
+# run's other tests, fio and the lab's daemons were starved below the caps (145 IOPS against 150; seconds of 454
+# against 500) and zero reads slowed past their bound, in one CI run. .ci/run runs `alone` tests after the others.
+@pytest.mark.alone
 @pytest.mark.xdist_group("lab-load")  # exporter/tests/conftest.py
 @pytest.mark.parametrize("cap", [150, 500, 1000])
 def test_iops_cap_holds_under_parallel_load_from_two_processes(lab_volume, cap):
@@ -122,6 +126,7 @@ def test_injected_errors_are_eio_and_only_for_the_chosen_op(lab_volume):
         os.close(fd)
 
 
+@pytest.mark.alone  # see test_iops_cap_holds_under_parallel_load_from_two_processes
 def test_lazy_volume_reads_zeros_fast_and_first_writes_pay(lab_volume):
     volume = lab_volume(
         size=64 * MIB,
@@ -267,6 +272,7 @@ def test_cli_up_prints_the_device_last_and_status_lists_it():
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # see test_iops_cap_holds_under_parallel_load_from_two_processes
 @pytest.mark.xdist_group("lab-load")
 def test_fresh_lazy_volume_rises_to_a_flat_plateau_at_its_cap(lab_volume, tmp_path):
     """The seed's curve: random writes on fresh block storage start far below the provider's cap (every
