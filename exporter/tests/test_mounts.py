@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from volprobe import mixin
+from volprobe import mixin, targets
+from volprobe.config import ConfigError, load
+from volprobe.discovery import Host
 from volprobe.mixin import dashboards, rules
 
 from .support import dashboards as support_dashboards
@@ -220,3 +222,27 @@ def test_a_fuse_directory_takes_every_probe_and_a_rename_slowed_20ms_shows_in_it
     assert all(mean[step] < 0.010 for step in mean if step != "rename"), mean
     assert max(mean, key=mean.__getitem__) == "rename", mean
     assert exporter.stop() == 0
+
+
+def test_a_directory_without_a_device_takes_page_aligned_direct_probes_only(tmp_path, fuse_directory) -> None:
+    """No logical block size to read: its O_DIRECT probes must be page-aligned and fit the probe file; its
+    buffered commit probe needs no alignment (the key is named, as for any bad config)."""
+    lab = fuse_directory()
+
+    def problems(probes: str) -> list[str]:
+        text = f"targets: [{{name: nas, directory: {lab.path}, probe_file_size: 1MiB, probes: [{probes}]}}]\n"
+        try:
+            resolved = targets.resolve(load(write_config(tmp_path, text)), Host())
+        except ConfigError as err:
+            return err.problems
+        targets.close(resolved)
+        return []
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert problems("{op: write, block_size: 512}") == [
+        f"targets[0].probes[0].block_size: 512 is not a multiple of the page size {page} ({lab.path} has no block "
+        "device)"
+    ]
+    (too_big,) = problems("{op: read, block_size: 2MiB}")
+    assert too_big.startswith("targets[0].probes[0].block_size: 2097152 is larger than the ")
+    assert problems("{op: commit, block_size: 2300}") == []

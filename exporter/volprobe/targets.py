@@ -104,18 +104,24 @@ def default_config_targets(host: Host) -> list[TargetConfig]:
     return targets
 
 
-def _check_block_sizes(probes: tuple[ProbeConfig, ...], device: BlockDevice, region: int, problems: list[str]) -> None:
+def _check_block_sizes(
+    probes: tuple[ProbeConfig, ...], alignment: int, aligned_to: str, region: int, problems: list[str]
+) -> None:
+    """Each probe's block size: a multiple of `alignment` (O_DIRECT's; `aligned_to` names it, in the message)
+    unless its op is buffered, and within the `region` bytes it may probe."""
     for probe in probes:
         key = f"{probe.key}.block_size"
         if probe.kind.offsets == "none":  # a metadata sequence's write has no region to fit in
             continue
-        if probe.block_size % device.logical_block_size and not probe.kind.buffered:  # O_DIRECT's alignment
-            problems.append(
-                f"{key}: {probe.block_size} is not a multiple of the device's logical block size "
-                f"{device.logical_block_size} ({device.name})"
-            )
+        if probe.block_size % alignment and not probe.kind.buffered:  # O_DIRECT's alignment
+            problems.append(f"{key}: {probe.block_size} is not a multiple of {aligned_to}")
         elif probe.block_size > region:
             problems.append(f"{key}: {probe.block_size} is larger than the {region} bytes it may probe")
+
+
+def _device_alignment(device: BlockDevice) -> tuple[int, str]:
+    size = device.logical_block_size
+    return size, f"the device's logical block size {size} ({device.name})"
 
 
 def _resolve_device(host: Host, target: TargetConfig, problems: list[str]) -> ResolvedTarget | None:
@@ -138,7 +144,7 @@ def _resolve_device(host: Host, target: TargetConfig, problems: list[str]) -> Re
         problems.append(f"{key}: {path} ({device.name}) has no media (size 0)")
         return None
     region = device.size_bytes - (2 * safety.GUARD_BYTES if target.writes else 0)
-    _check_block_sizes(target.probes, device, region, problems)
+    _check_block_sizes(target.probes, *_device_alignment(device), region, problems)
     if target.warmup and target.warmup.block_size % device.logical_block_size:
         problems.append(
             f"{target.key}.warmup.block_size: {target.warmup.block_size} is not a multiple of the device's "
@@ -188,18 +194,14 @@ def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) ->
             problems.append(f"{probe.key}.op: {problem}")
     for probe in target.probes:
         if device is None:
-            if probe.kind.offsets == "none":  # a metadata sequence's write has no region to fit in
-                continue
-            # No logical block size to read: O_DIRECT's alignment on such filesystems is the page at most (the
-            # buffered ops need none).
-            if (probe.block_size % _PAGE and not probe.kind.buffered) or probe.block_size > file_region:
-                problems.append(
-                    f"{probe.key}.block_size: {probe.block_size} must be a multiple of {_PAGE} and at most the "
-                    f"{file_region} bytes of the probe file ({path} has no block device)"
-                )
-            continue
-        region = file_region if probe.kind.writes else device.size_bytes
-        _check_block_sizes((probe,), device, region, problems)
+            # No logical block size to read: O_DIRECT's alignment on such filesystems is the page at most; its
+            # reads go to the probe file too.
+            alignment = (_PAGE, f"the page size {_PAGE} ({path} has no block device)")
+            region = file_region
+        else:
+            alignment = _device_alignment(device)
+            region = file_region if probe.kind.writes else device.size_bytes
+        _check_block_sizes((probe,), *alignment, region, problems)
     return ResolvedTarget(
         target,
         target.name or (device.name if device else path),
