@@ -83,8 +83,8 @@ class MountWatch:
                 del self._mounts[gone]
         for target in directories:
             state = self._state(target.path)
-            since = self.checks.outstanding_since(target.path)
-            if since is not None and self.clock() - since > self.config.timeout and state.hung_since != since:
+            since = self._overdue(target.path, self.clock())
+            if since is not None and state.hung_since != since:
                 state.hung_since = since
                 log.warning(
                     "%s: the mount of %s has not answered for %.0fs", target.name, target.path, self.clock() - since
@@ -115,26 +115,27 @@ class MountWatch:
 
         return done
 
+    def _overdue(self, path: str, now: float) -> float | None:
+        """When the outstanding check of `path` started, if that is longer ago than the timeout: a hung mount."""
+        since = self.checks.outstanding_since(path)
+        return since if since is not None and now - since > self.config.timeout else None
+
     def hung(self) -> frozenset[str]:
         """The directories whose check has been outstanding longer than the timeout."""
-        now, timeout = self.clock(), self.config.timeout
+        now = self.clock()
         return frozenset(
-            t.path
-            for t in self.probes.targets()
-            if t.kind == "directory" and now - (self.checks.outstanding_since(t.path) or now) > timeout
+            t.path for t in self.probes.targets() if t.kind == "directory" and self._overdue(t.path, now) is not None
         )
 
     def readings(self) -> list[MountReading]:
         now = self.clock()
-        timeout = self.config.timeout
         result = []
         for target in self.probes.targets():
             if target.kind != "directory":
                 continue
             with self._lock:
                 state = self._mounts.get(target.path, _Mount())
-            since = self.checks.outstanding_since(target.path)
-            hung = since is not None and now - since > timeout
+            hung = self._overdue(target.path, now) is not None
             responsive = bool(state.answered_at) and not state.failed and not hung and not target.pending
             result.append(MountReading(target.name, target.device_name, responsive, state.answered_at))
         return result
