@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 
 from volprobe import metadata, ops, probefile, targets, timer
-from volprobe.config import PROBE_FILE_NAME, ConfigError, ProbeConfig, load, parse
-from volprobe.discovery import Host
+from volprobe.config import PROBE_FILE_NAME, ConfigError, ProbeConfig, parse
 from volprobe.probe import NoOffsets, ProbeIO, SequentialPicker
 from volprobe.safety import Refused
 
 from .support.attacks import SWAPS as PROBE_FILE_SWAPS
-from .support.attacks import swap_directory_for_a_symlink, swap_directory_for_another
+from .support.attacks import prepared, swap_directory_for_a_symlink, swap_directory_for_another
 from .support.harness import MIB, probes_done, sample_value, sha256_of, volprobe_command, write_config
 
 COMMIT_LOG, META = ops.COMMIT.file, ops.METADATA.file
@@ -120,18 +119,6 @@ def ext4(tmp_path, make_loop, mount_fs) -> Path:
     data.mkdir()
     os.chown(data, ATTACKER, ATTACKER)
     return data
-
-
-def prepared(tmp_path: Path, data: Path, probes: str, size: str = "1MiB"):
-    config = load(
-        write_config(
-            tmp_path, f"targets: [{{name: d, directory: {data}, probe_file_size: {size}, probes: {probes}}}]\n"
-        )
-    )
-    host = Host()
-    resolved = targets.resolve(config, host)
-    targets.prepare(host, resolved)
-    return host, resolved
 
 
 @pytest.mark.root

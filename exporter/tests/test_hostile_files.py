@@ -19,7 +19,7 @@ from volprobe.config import PROBE_FILE_NAME, load
 from volprobe.discovery import Host
 from volprobe.safety import Refused
 
-from .support.attacks import ATTACKER, SWAPS
+from .support.attacks import ATTACKER, SWAPS, prepared
 from .support.harness import MIB, probes_done, run, sample_value, sha256_of, write_config
 
 pytestmark = pytest.mark.root
@@ -95,14 +95,7 @@ def directory_target(tmp_path, make_loop, mount_fs):
     data.mkdir()
     os.chown(data, ATTACKER, ATTACKER)
     victim, _ = victim_file(mount, MIB)
-    config = load(
-        write_config(
-            tmp_path, f"targets: [{{name: d, directory: {data}, probe_file_size: 4MiB, probes: [{{op: write}}]}}]\n"
-        )
-    )
-    host = Host()
-    resolved = targets.resolve(config, host)
-    targets.prepare(host, resolved)
+    host, resolved = prepared(tmp_path, data, "[{op: write}]", "4MiB")
     target = resolved[0]
     io = targets.io_target(host, target, target.probes[0])
     os.close(target.fds.pop("write"))

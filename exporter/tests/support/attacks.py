@@ -8,9 +8,23 @@ import os
 import shutil
 from pathlib import Path
 
-from volprobe.config import PROBE_FILE_NAME
+from volprobe import targets
+from volprobe.config import PROBE_FILE_NAME, load
+from volprobe.discovery import Host
+
+from .harness import write_config
 
 ATTACKER = 1000  # the uid owning the probe directory, as postgres owns /var/lib/postgresql
+
+
+def prepared(tmp_path: Path, data: Path, probes: str, size: str = "1MiB") -> tuple[Host, list[targets.ResolvedTarget]]:
+    """A directory target on `data` with these probes (YAML), resolved and prepared as the exporter does at start:
+    its files made, checked and pinned, the descriptors opened. The caller closes it (targets.close)."""
+    text = f"targets: [{{name: d, directory: {data}, probe_file_size: {size}, probes: {probes}}}]\n"
+    host = Host()
+    resolved = targets.resolve(load(write_config(tmp_path, text)), host)
+    targets.prepare(host, resolved)
+    return host, resolved
 
 
 def swap_symlink(data: Path, victim: Path, name: str = PROBE_FILE_NAME) -> None:
