@@ -33,21 +33,19 @@ class TargetCollector:
             mountpoint = target.mount.mount_point if target.mount else ""
             fstype = target.mount.fstype if target.mount else ""
             pv, pod = named[target.name]
-            if d is None:
-                # No device: no device identity, disks or size; the filesystem type says what it is (nfs4,
-                # ceph, cifs, fuse.sshfs, ...), as /proc/self/mountinfo gives it.
-                info.add_metric(
-                    [target.name, "", target.path, "", "", "", "", "", "", mountpoint, fstype, "", pv, pod], 1
-                )
-                continue
-            if not pv:
+            if d is not None and not pv:
                 previous = self._kubelet.get(target.name, ("", ""))
                 pv, pod = chosen[target.name] = choose_kubernetes_volume(kubelet.get(d.name, set()), previous)
-            identity = [d.kind, d.serial, d.model, d.vendor, d.wwn, d.volume_id, mountpoint, fstype]
-            info.add_metric([target.name, d.name, target.path, *identity, ",".join(target.disks), pv, pod], 1)
+            # Without a device (NFS, CephFS, SMB, FUSE) there is no identity, disk or size: its fstype (nfs4,
+            # ceph, cifs, fuse.sshfs, ...), as /proc/self/mountinfo gives it, says what it is.
+            identity = [d.kind, d.serial, d.model, d.vendor, d.wwn, d.volume_id] if d is not None else [""] * 6
+            name = d.name if d is not None else ""
+            info.add_metric(
+                [target.name, name, target.path, *identity, mountpoint, fstype, ",".join(target.disks), pv, pod], 1
+            )
             for disk in target.disks:
-                disks.add_metric([target.name, d.name, disk], 1)
-            if d.name not in seen:
+                disks.add_metric([target.name, name, disk], 1)
+            if d is not None and d.name not in seen:
                 seen.add(d.name)
                 size.add_metric([d.name], d.size_bytes)
         self._kubelet = chosen
