@@ -82,7 +82,9 @@ class ProbeConfig:
     )
     jitter: float = setting(0.1, schema.RATIO, "fraction of the interval each probe is randomly delayed by")
     revisit: float = setting(0.25, schema.RATIO, "fraction of probes sent to offsets probed before")
-    hold_open: bool = setting(False, schema.BOOLEAN, "reads: keep the device open between probes (writes do)")
+    hold_open: bool = setting(
+        False, schema.BOOLEAN, "reads: keep the device open between probes (writes do, and reads beside a raw write)"
+    )
     key: str = ""  # where it sits in the config file, for error messages
 
     def __post_init__(self) -> None:

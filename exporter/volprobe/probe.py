@@ -240,6 +240,7 @@ class IOTarget:
     opener: Callable[[], int] | None = None  # opens for writing: every safety check, on the descriptor
     verify: Callable[[int], None] | None = None  # re-checks a held descriptor (size, links); raises Refused
     release: Callable[[], None] | None = None  # lets go of what the opener holds (a probe file's directory)
+    held: bool = False  # the target holds the device open anyway (a raw write probe): reads keep theirs too
 
     def open(self) -> int:
         if self.opener is not None:
@@ -293,8 +294,9 @@ class ProbeIO:
         # file is ours). Reads open the device for each request unless told to hold it: holding it open between
         # probes would stop an administrator from detaching a loop device or removing a dm, md or zram device.
         # A descriptor that must be checked when opened (a probe file, a raw device) is opened once, through
-        # the checks, and held: the timer's per-request open goes by name, unchecked.
-        self.hold_open = spec.kind.writes or spec.hold_open or io.opener is not None
+        # the checks, and held: the timer's per-request open goes by name, unchecked. Where the target holds
+        # its device anyway (io.held), letting go would free nothing.
+        self.hold_open = spec.kind.writes or spec.hold_open or io.opener is not None or io.held
         if fd is not None and not self.hold_open:
             os.close(fd)
             fd = None
