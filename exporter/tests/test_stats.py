@@ -112,6 +112,29 @@ def test_sliding_window_forgets_old_samples():
     assert counts == {}
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_the_window_kept_as_it_goes_equals_its_samples_counted_again(seed):
+    """The window's running sum, read at random times between samples, against the samples of the last
+    `slices` slices counted from scratch (pauses longer than the window included)."""
+    rng = random.Random(seed)
+    window = stats.SlidingHistogram(window_s=10, slices=5)
+    samples: list[tuple[int, int]] = []  # (time, bucket index)
+    now = 0
+    for _ in range(3000):
+        now += rng.choice([1, 50_000_000, 700_000_000, 3_000_000_000, 25_000_000_000])
+        if rng.random() < 0.8:
+            ns = int(rng.lognormvariate(12, 1.5))
+            window.add(ns, now)
+            samples.append((now, stats.bucket_index(ns)))
+        else:
+            oldest = now // window.slice_ns - window.slices
+            expected: dict[int, int] = {}
+            for at, index in samples:
+                if at // window.slice_ns > oldest:
+                    expected[index] = expected.get(index, 0) + 1
+            assert window.counts(now) == expected
+
+
 def test_probe_stats_prometheus_buckets_and_summary():
     probe = stats.ProbeStats(window_s=60)
     now = 10**12

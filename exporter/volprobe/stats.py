@@ -89,6 +89,7 @@ class SlidingHistogram:
     """High-resolution histogram over the last `window` seconds, kept as `slices` rotating sparse parts.
 
     The window covers between (slices-1)/slices and all of `window`: old samples leave one slice at a time.
+    Their sum is kept as they come and go, so a scrape reads it instead of adding up every slice again.
     """
 
     def __init__(self, window_s: float, slices: int = 10) -> None:
@@ -96,6 +97,7 @@ class SlidingHistogram:
         self.slices = slices
         self.slice_ns = max(1, self.window_ns // slices)
         self._parts: deque[tuple[int, dict[int, int]]] = deque()
+        self._total: dict[int, int] = {}  # the sum of the parts
 
     def add(self, ns: int, now_ns: int) -> None:
         self.add_index(bucket_index(ns), now_ns)
@@ -105,19 +107,26 @@ class SlidingHistogram:
         number = now_ns // self.slice_ns
         if not self._parts or self._parts[-1][0] != number:
             self._parts.append((number, {}))
-            while self._parts and self._parts[0][0] <= number - self.slices:
-                self._parts.popleft()
+            self._expire(number)
         counts = self._parts[-1][1]
         counts[index] = counts.get(index, 0) + 1
+        self._total[index] = self._total.get(index, 0) + 1
+
+    def _expire(self, number: int) -> None:
+        """Take the parts that slice `number` leaves out of the window off the sum."""
+        total = self._total
+        while self._parts and self._parts[0][0] <= number - self.slices:
+            for index, count in self._parts.popleft()[1].items():
+                left = total[index] - count
+                if left:
+                    total[index] = left
+                else:
+                    del total[index]
 
     def counts(self, now_ns: int) -> dict[int, int]:
-        oldest = now_ns // self.slice_ns - self.slices
-        merged: dict[int, int] = {}
-        for number, counts in self._parts:
-            if number > oldest:
-                for index, count in counts.items():
-                    merged[index] = merged.get(index, 0) + count
-        return merged
+        """The window's counts at now_ns (a copy)."""
+        self._expire(now_ns // self.slice_ns)
+        return dict(self._total)
 
 
 def validate_buckets(bounds: Iterable[float]) -> tuple[float, ...]:
