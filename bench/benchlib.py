@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import re
@@ -15,7 +16,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,6 +96,22 @@ class Latency:
     p99: float
     samples: int
     cpu_per_io: float = 0.0  # seconds of whole-process CPU per request
+    # The distribution behind p50 and p99, where a run gives it ({seconds: requests}): rounds pool it.
+    counts: dict[float, int] = field(default_factory=dict)
+
+
+def pooled_quantile(distributions: list[dict[float, int]], q: float) -> float:
+    """The nearest-rank q-quantile of several distributions ({value: count}) taken together."""
+    merged: dict[float, int] = {}
+    for counts in distributions:
+        for value, count in counts.items():
+            merged[value] = merged.get(value, 0) + count
+    rank, seen = max(1, math.ceil(q * sum(merged.values()))), 0
+    for value in sorted(merged):
+        seen += merged[value]
+        if seen >= rank:
+            return value
+    raise ValueError("no samples to take a quantile of")
 
 
 def fio_paced(device: str, op: str, block_size: int, rate: float, runtime: float, size: int) -> Latency:
@@ -144,8 +161,9 @@ def fio_commit(directory: str, block_size: int, rate: float, runtime: float, siz
         f"--size={size}",
         f"--rate_iops={rate:g}",
         "--time_based",
+        "--ramp_time=500ms",  # start-up left out, as the exporter's first half second is (bench/fidelity)
         lab.fio_runtime(runtime),
-        "--output-format=json",
+        "--output-format=json+",  # with "bins": fdatasync's whole distribution, which rounds pool
         "--refill_buffers",
     ]
     try:
@@ -157,7 +175,9 @@ def fio_commit(directory: str, block_size: int, rate: float, runtime: float, siz
     ios = job["write"]["total_ios"]
     cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job["job_runtime"] / 1000
     p50, p99 = ((write + sync[q]) / 1e9 for q in ("50.000000", "99.000000"))
-    return Latency(p50, p99, ios, cpu / max(1, ios))
+    # fio's bins are its log-linear buckets (volprobe's scheme), each by the value it stands for.
+    counts = {(int(ns) + write) / 1e9: count for ns, count in job["sync"]["lat_ns"]["bins"].items()}
+    return Latency(p50, p99, ios, cpu / max(1, ios), counts)
 
 
 # -- the exporter ---------------------------------------------------------------------------------------
