@@ -54,7 +54,13 @@ BAD_CONFIGS = [
         "hold_open false on a write",
         "targets: [{directory: /tmp, probes: [{op: write, hold_open: false}]}]",
         "targets[0].probes[0].hold_open",
-        "always keep",
+        "write probes always keep",
+    ),
+    (
+        "hold_open false on a commit",
+        "targets: [{directory: /tmp, probes: [{op: commit, hold_open: false}]}]",
+        "targets[0].probes[0].hold_open",
+        "commit probes always keep",
     ),
     (
         "hold_open not a boolean",
