@@ -143,7 +143,7 @@ def fio_paced(device: str, op: str, block_size: int, rate: float, runtime: float
     return Latency(percentiles["50.000000"] / 1e9, percentiles["99.000000"] / 1e9, ios, cpu / max(1, ios))
 
 
-def fio_commit(directory: str, block_size: int, rate: float, runtime: float, size: int) -> Latency:
+def fio_commit(directory: str, block_size: int, rate: float, runtime: float, size: int, ramp: float = 0.5) -> Latency:
     """etcd's fio recipe (`--rw=write --ioengine=sync --fdatasync=1 --bs=2300`) paced at `rate`, in a fresh file
     of `directory` (fio preallocates it, as volprobe's commit log and etcd's WAL are). A commit there is two
     syscalls, which fio times apart and logs no pairs of: its latency at a quantile is taken as fdatasync's at
@@ -161,7 +161,7 @@ def fio_commit(directory: str, block_size: int, rate: float, runtime: float, siz
         f"--size={size}",
         f"--rate_iops={rate:g}",
         "--time_based",
-        "--ramp_time=500ms",  # start-up left out, as the exporter's first half second is (bench/fidelity)
+        f"--ramp_time={round(ramp * 1000)}ms",  # its first commits left out (bench/fidelity: COMMIT_RAMP_S)
         lab.fio_runtime(runtime),
         "--output-format=json+",  # with "bins": fdatasync's whole distribution, which rounds pool
         "--refill_buffers",
