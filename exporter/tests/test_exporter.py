@@ -18,6 +18,7 @@ from volprobe.config import PROBE_FILE_NAME
 from .support.harness import (
     MIB,
     attach_loop,
+    descriptors_on,
     probes_done,
     run,
     sample_value,
@@ -135,15 +136,6 @@ targets:
         assert f.read(MIB) == bytes(MIB)
 
 
-def descriptors_on(pid: int, device: str) -> int:
-    """How many of the process's descriptors are open on `device` now."""
-    count = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(FileNotFoundError):  # closed while we looked
-            count += os.readlink(f"/proc/{pid}/fd/{fd}") == device
-    return count
-
-
 def test_reads_keep_their_descriptor_only_beside_a_raw_write(tmp_path, make_loop, start_exporter):
     rw, ro = make_loop(16 * MIB, name="rw"), make_loop(16 * MIB, name="ro")
     read = "{op: read, block_size: 4KiB, interval: 200ms}"
@@ -160,12 +152,12 @@ targets:
     pid = exporter.process.pid
     # The write's descriptor and the read's, held between probes; a lone read opens for each request only (one
     # may be in flight at a look: 1 of 3 looks at 0 suffices).
-    assert descriptors_on(pid, rw) == 2
-    assert min(descriptors_on(pid, ro) for _ in range(3)) == 0
+    assert descriptors_on(rw, pid) == 2
+    assert min(descriptors_on(ro, pid) for _ in range(3)) == 0
     # A reload without the write: the read lets go of the device too.
     exporter.reload(Path(config), text.replace(", {op: write, interval: 200ms}", ""))
     deadline = time.monotonic() + 10
-    while descriptors_on(pid, rw) != 0:
+    while descriptors_on(rw, pid) != 0:
         assert time.monotonic() < deadline, "the read still holds the device without a write beside it"
         time.sleep(0.05)
     exporter.wait_for(lambda s: probes_done(s, "rw", "read") >= 3, what="reads after the reload")

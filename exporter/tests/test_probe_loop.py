@@ -14,7 +14,7 @@ from volprobe import ops, probe, timer
 from volprobe.config import ProbeConfig
 from volprobe.stats import ProbeStats
 
-from .support.harness import MIB
+from .support.harness import MIB, descriptors_on
 
 pytestmark = pytest.mark.root
 
@@ -155,24 +155,19 @@ def test_a_short_transfer_is_an_error_not_a_sample(tmp_path, loop_kind):
     assert w.error_counts().get("SHORT", 0) >= 1 and w.completed == 0 and recorded(w) == 0
 
 
-def opened_here(path: str) -> int:
-    real = os.path.realpath(path)
-    return sum(1 for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == real)
-
-
 def test_reads_hold_the_device_open_only_when_told(make_loop, loop_kind):
     path = make_loop(16 * MIB)
     for hold_open in (False, True):
         w = worker(path, "read", 0.2, hold_open=hold_open)
         w.start()
         time.sleep(0.5)
-        held = opened_here(path)
+        held = descriptors_on(path)
         w.stop()
         assert w.join(2.0)
         w.close()
         assert w.completed >= 2 and w.error_counts() == {}
         assert held == (1 if hold_open else 0), "a read probe holds the device between requests only if told"
-        assert opened_here(path) == 0
+        assert descriptors_on(path) == 0
 
 
 def test_the_c_loop_checks_its_arguments():

@@ -22,7 +22,7 @@ from volprobe.runtime.warmups import WarmupManager, _Entry
 from volprobe.state import StateStore
 from volprobe.stats import ProbeStats
 
-from .support.harness import MIB, wait_until
+from .support.harness import MIB, descriptors_on, wait_until
 
 
 def failures_logged(caplog, name: str, kind: type[BaseException]) -> list[logging.LogRecord]:
@@ -85,11 +85,6 @@ def failing_worker(path: str, op: str, interval: float, fail_at: int) -> tuple[p
     return w, cursor
 
 
-def opened_here(path: str) -> int:
-    real = os.path.realpath(path)
-    return sum(1 for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == real)
-
-
 @pytest.mark.root
 @pytest.mark.parametrize("op", ["read", "write"])
 def test_a_probe_worker_whose_cursor_raises_is_logged_counted_and_probes_on(make_loop, loop_kind, op, caplog):
@@ -110,7 +105,7 @@ def test_a_probe_worker_whose_cursor_raises_is_logged_counted_and_probes_on(make
         resumed = wait_until(lambda: w.completed > cursor.failed_at_completed, what="probing after the back-off")
         assert resumed - failed >= supervise.FIRST_BACKOFF_S * 0.9, "it restarted after the back-off, not at once"
         wait_until(lambda: w.completed > cursor.failed_at_completed + 20, what="probing on")
-        assert opened_here(path) <= 1, "a restart reopens the descriptor, never a second one"
+        assert descriptors_on(path) <= 1, "a restart reopens the descriptor, never a second one"
     finally:
         w.stop()
         assert w.join(2.0)
@@ -118,7 +113,7 @@ def test_a_probe_worker_whose_cursor_raises_is_logged_counted_and_probes_on(make
     w.drain()
     assert supervise.restarts()["probe"] == before + 1 and w.error_counts() == {}
     assert len(cursor.released) == 1, "the picker is closed once, at the real end, not at the restart"
-    assert opened_here(path) == 0, "the descriptor is closed at the end"
+    assert descriptors_on(path) == 0, "the descriptor is closed at the end"
 
 
 @pytest.mark.root

@@ -58,6 +58,15 @@ def free_port() -> int:
         return port
 
 
+def descriptors_on(path: str, pid: int | str = "self") -> int:
+    """How many of the process's descriptors are open on `path` (its real path) now."""
+    real, count = os.path.realpath(path), 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # closed while we looked
+            count += os.path.realpath(f"/proc/{pid}/fd/{fd}") == real
+    return count
+
+
 def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "", every: float = 0.005) -> float:
     """Poll `condition` every `every` seconds until it holds; the monotonic time it was first seen to hold."""
     deadline = time.monotonic() + timeout
