@@ -144,12 +144,10 @@ def _resolve_device(host: Host, target: TargetConfig, problems: list[str]) -> Re
         problems.append(f"{key}: {path} ({device.name}) has no media (size 0)")
         return None
     region = device.size_bytes - (2 * safety.GUARD_BYTES if target.writes else 0)
-    _check_block_sizes(target.probes, *_device_alignment(device), region, problems)
-    if target.warmup and target.warmup.block_size % device.logical_block_size:
-        problems.append(
-            f"{target.key}.warmup.block_size: {target.warmup.block_size} is not a multiple of the device's "
-            f"logical block size {device.logical_block_size} ({device.name})"
-        )
+    alignment, aligned_to = _device_alignment(device)
+    _check_block_sizes(target.probes, alignment, aligned_to, region, problems)
+    if target.warmup and target.warmup.block_size % alignment:
+        problems.append(f"{target.key}.warmup.block_size: {target.warmup.block_size} is not a multiple of {aligned_to}")
     if target.writes:
         refusal = safety.raw_write_refusal(host, device)
         if refusal:
