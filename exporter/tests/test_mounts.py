@@ -185,6 +185,28 @@ def test_started_while_the_mount_hangs_then_killed_and_restarted(
     assert again.stop() == 0
 
 
+def test_a_target_flag_on_a_hung_mount_starts_and_waits_for_it(fuse_directory, start_exporter) -> None:
+    """`--target PATH` on a mount that already hangs: whether the path is a directory is asked with a deadline, so
+    the exporter starts and serves, the directory waits with its mount reported hung, and it is probed once its
+    mount answers. Before, the flag's stat blocked the start for as long as the mount hung."""
+    lab = fuse_directory()
+    target = str(lab.path)
+    lab.stall("meta")
+    exporter = start_exporter("--target", target, ready_timeout=30)
+    samples = exporter.wait_for(lambda s: responsive(s, target) is not None, what="the directory's mount check")
+    assert responsive(samples, target) == 0
+    assert probes_done(samples, target, "write") == 0
+    assert "a directory on a hung mount" in exporter.log()
+    lab.release()
+    exporter.wait_for(
+        lambda s: responsive(s, target) == 1 and probes_done(s, target, "write") >= 1,
+        timeout=60,
+        what="the directory probed once its mount answers",
+    )
+    assert (lab.backing / ".volprobe-probe").exists()
+    assert exporter.stop() == 0
+
+
 def step_seconds(samples, target: str) -> dict[str, float]:
     return {
         labels["step"]: v

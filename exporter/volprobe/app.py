@@ -20,7 +20,7 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from . import __version__, capabilities, units
+from . import __version__, capabilities, mountcheck, units
 from .collectors import VolprobeCollector, add_flags, enabled_from_args
 from .command import add_path_flags, host_from, report
 from .config import Config, ConfigError, from_paths, load
@@ -98,7 +98,7 @@ def _load_config(args: argparse.Namespace) -> Config:
         raise ConfigError(["--config and --target: give one or the other"])
     if args.config:
         return load(args.config)
-    return from_paths(args.target or [])
+    return from_paths(args.target or [], mountcheck.is_directory)
 
 
 class App:

@@ -9,7 +9,7 @@ size, is it blank) live in targets.py and report with the same key paths.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -452,13 +452,14 @@ def load(path: str | Path) -> Config:
     return parse(document, source=str(path))
 
 
-def from_paths(paths: list[str]) -> Config:
-    """A config made of `--target PATH` flags: default probes on each device or directory."""
+def from_paths(paths: list[str], is_directory: Callable[[str], bool]) -> Config:
+    """A config made of `--target PATH` flags: default probes on each device or directory (as is_directory
+    tells: mountcheck.is_directory, which asks with a deadline)."""
     check = Walker()
     targets = []
     for index, path in enumerate(paths):
         key = f"--target[{index}]"
-        raw: dict[str, Any] = {"directory" if Path(path).is_dir() else "device": path}
+        raw: dict[str, Any] = {"directory" if is_directory(path) else "device": path}
         target = _target(check, raw, key, Defaults())
         if target is not None:
             targets.append(target)

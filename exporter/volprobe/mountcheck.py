@@ -8,13 +8,21 @@ then gives up (Hung) without starting another, so a hung mount costs one thread,
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+# How long `--target PATH` waits for its path's stat. A device node answers at once (devtmpfs); a path that
+# does not is on a hung mount, so it is a directory whichever the deadline: this only bounds the wait at start.
+CLASSIFY_TIMEOUT_S = 1.0
 
 
 class Hung(Exception):
@@ -97,3 +105,19 @@ def answer(path: str) -> None:
     directory's attributes, revalidated on network filesystems). Raises what they raise."""
     os.statvfs(path)
     os.stat(path)
+
+
+def is_directory(path: str, timeout: float = CLASSIFY_TIMEOUT_S) -> bool:
+    """Whether `--target PATH` names a directory, asked with a deadline. A path on a hung mount (an NFS server
+    gone) is a directory: it becomes a directory target that waits, pending, until its mount answers, and the
+    start never blocks on it. The stat may stay outstanding in a daemon thread of its own until then."""
+    try:
+        mode = Checks().call(path, lambda: os.stat(path).st_mode, timeout)
+    except Hung:
+        log.warning(
+            "%s: no answer to a stat within %gs: a directory on a hung mount, probed once it answers", path, timeout
+        )
+        return True
+    except OSError:
+        return False  # a device target, then: its checks name what is wrong with the path
+    return stat.S_ISDIR(mode)
