@@ -15,7 +15,7 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,12 +97,12 @@ class Latency:
     samples: int
     cpu_per_io: float = 0.0  # seconds of whole-process CPU per request
     # The distribution behind p50 and p99, where a run gives it ({seconds: requests}): rounds pool it.
-    counts: dict[float, int] = field(default_factory=dict)
+    counts: Mapping[float, float] = field(default_factory=dict)
 
 
-def pooled_quantile(distributions: list[dict[float, int]], q: float) -> float:
+def pooled_quantile(distributions: Sequence[Mapping[float, float]], q: float) -> float:
     """The nearest-rank q-quantile of several distributions ({value: count}) taken together."""
-    merged: dict[float, int] = {}
+    merged: dict[float, float] = {}
     for counts in distributions:
         for value, count in counts.items():
             merged[value] = merged.get(value, 0) + count
@@ -146,10 +146,11 @@ def fio_paced(device: str, op: str, block_size: int, rate: float, runtime: float
 def fio_commit(directory: str, block_size: int, rate: float, runtime: float, size: int, ramp: float = 0.5) -> Latency:
     """etcd's fio recipe (`--rw=write --ioengine=sync --fdatasync=1 --bs=2300`) paced at `rate`, in a fresh file
     of `directory` (fio preallocates it, as volprobe's commit log and etcd's WAL are). A commit there is two
-    syscalls, which fio times apart and logs no pairs of: its latency at a quantile is taken as fdatasync's at
-    that quantile (how etcd's guidance reads fio's output) plus the write's mean. Not the write's quantile too:
-    a sum of two p99s is at least the p99 of the sums, and overstates it most where the write itself varies
-    (through FUSE, where it goes to the daemon)."""
+    syscalls, which fio times apart and logs no pairs of: the commit's distribution is taken as that of the sum
+    of a write and an fdatasync drawn independently from fio's two distributions (its JSON's bins), and its
+    quantiles are read from that. Not fdatasync's quantile plus the write's mean: that leaves out the write's
+    own tail (through FUSE the write goes to the daemon); nor the sum of the two quantiles, which is at least
+    the quantile of the sums."""
     path = os.path.join(directory, "fio-commit")
     options = [
         "--name=etcd",
@@ -163,7 +164,7 @@ def fio_commit(directory: str, block_size: int, rate: float, runtime: float, siz
         "--time_based",
         f"--ramp_time={round(ramp * 1000)}ms",  # its first commits left out (bench/fidelity: COMMIT_RAMP_S)
         lab.fio_runtime(runtime),
-        "--output-format=json+",  # with "bins": fdatasync's whole distribution, which rounds pool
+        "--output-format=json+",  # with "bins": the write's and fdatasync's whole distributions
         "--refill_buffers",
     ]
     try:
@@ -171,13 +172,31 @@ def fio_commit(directory: str, block_size: int, rate: float, runtime: float, siz
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-    write, sync = job["write"]["clat_ns"]["mean"], job["sync"]["lat_ns"]["percentile"]
     ios = job["write"]["total_ios"]
     cpu = (job["usr_cpu"] + job["sys_cpu"]) / 100 * job["job_runtime"] / 1000
-    p50, p99 = ((write + sync[q]) / 1e9 for q in ("50.000000", "99.000000"))
-    # fio's bins are its log-linear buckets (volprobe's scheme), each by the value it stands for.
-    counts = {(int(ns) + write) / 1e9: count for ns, count in job["sync"]["lat_ns"]["bins"].items()}
-    return Latency(p50, p99, ios, cpu / max(1, ios), counts)
+    # fio's bins are its log-linear buckets (volprobe's scheme), each by the value it stands for (ns).
+    writes, syncs = (
+        bins_in_seconds(job[ddir][key]["bins"]) for ddir, key in (("write", "clat_ns"), ("sync", "lat_ns"))
+    )
+    counts = sum_distribution(writes, syncs, ios)
+    return Latency(pooled_quantile([counts], 0.5), pooled_quantile([counts], 0.99), ios, cpu / max(1, ios), counts)
+
+
+def bins_in_seconds(bins: dict[str, int]) -> dict[float, int]:
+    return {int(ns) / 1e9: count for ns, count in bins.items()}
+
+
+def sum_distribution(a: Mapping[float, float], b: Mapping[float, float], total: int) -> dict[float, float]:
+    """The distribution of x + y, x drawn from `a` and y from `b` independently ({value: count} each), scaled to
+    `total` requests; its values are rounded to 1 ns, so that sums which differ only in the last float bits
+    count as one value."""
+    weight = total / (sum(a.values()) * sum(b.values()))
+    summed: dict[float, float] = {}
+    for x, m in a.items():
+        for y, n in b.items():
+            value = round(x + y, 9)
+            summed[value] = summed.get(value, 0.0) + m * n * weight
+    return summed
 
 
 # -- the exporter ---------------------------------------------------------------------------------------
