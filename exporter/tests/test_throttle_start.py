@@ -132,9 +132,10 @@ def test_steady_demand_bursts_and_qd1_under_way_at_start_are_not_flagged(tmp_pat
                 elapsed = time.monotonic() - started
                 # The first phase is the steady plateau the active check is for: it lasts until a check has
                 # settled it (a window needs MIN_SAMPLES seconds, most of them within 5% of its level, and the
-                # seconds jitter more on a loaded machine), at most 60 s. The others last 18 s.
+                # seconds jitter more on a loaded machine), at most 60 s. The others last 18 s. A disk's
+                # verdicts are exported from the sampler's first reading on, which can follow the first scrape.
                 checked = any(
-                    sample_value(samples, "volprobe_throttle_checks_total", device=dev, result=result) >= 1
+                    (sample_value(samples, "volprobe_throttle_checks_total", device=dev, result=result) or 0) >= 1
                     for result in ("uncapped", "inconclusive", "capped")
                 )
                 if elapsed >= 18 and (jobs != 2 or checked or elapsed >= 60):
