@@ -26,6 +26,7 @@ import urllib.request
 import bcrypt
 import pytest
 
+from volprobe.compare.verdict import EXIT_STATUS
 from volprobe.mixin import MixinConfig
 from volprobe.mixin.rules import bucket_rate, daily_quantile, long_window_rules, recording_rules
 from volprobe.stats import DEFAULT_BUCKETS, RELATIVE_ERROR
@@ -356,6 +357,27 @@ RECORDED = (
 )
 
 
+def verdicts_consistent_with(ratio: float, tolerance: float, slack: float) -> set[str]:
+    """The verdicts on one quantile that the sides' exact ratio (candidate / baseline) does not contradict, once a
+    ratio read from buckets may be off by `slack`: inconclusive always; equivalent within the tolerance; worse or
+    better beyond it on its side."""
+    allowed = {"inconclusive"}
+    if abs(ratio - 1) <= tolerance + slack:
+        allowed.add("equivalent")
+    if ratio > 1 + tolerance - slack:
+        allowed.add("worse")
+    if ratio < 1 - tolerance + slack:
+        allowed.add("better")
+    return allowed
+
+
+def test_a_verdict_is_consistent_with_the_exact_ratio_only_on_its_side_of_the_tolerance():
+    assert verdicts_consistent_with(1.0, tolerance=0.10, slack=0.05) == {"inconclusive", "equivalent"}
+    assert verdicts_consistent_with(1.12, tolerance=0.10, slack=0.05) == {"inconclusive", "equivalent", "worse"}
+    assert verdicts_consistent_with(1.2, tolerance=0.10, slack=0.05) == {"inconclusive", "worse"}
+    assert verdicts_consistent_with(0.8, tolerance=0.10, slack=0.05) == {"inconclusive", "better"}
+
+
 def retimed_history(scrapes: list[Samples], days: int) -> str:
     """OpenMetrics text of the exporter's own expositions, recorded over minutes, laid out over `days`: scrape i
     at END - days + i * days / (n - 1). The counts and the labels are the exporter's; only the times are moved."""
@@ -482,14 +504,16 @@ scrape_configs:
         p50 = worse["quantiles"][0]
         assert p50["ratio"] == pytest.approx(exact["slow"] / exact["base"], rel=0.05), (p50, exact)
         status, equal = recorded("base", "twin", "--since", "4d", "--quantiles", "0.5,0.9")
-        # The twins are equal as the lab sets them; what the probes saw of them can still differ by up to ~10%
+        # The twins are equal as the lab sets them; what the probes saw of them can still differ by 10% or more
         # (each volume's chain adds its own overhead, uncalibrated). The reference is what the probes saw.
         seen = [exact_at[("twin", q)] / exact_at[("base", q)] for q in ("0.5", "0.9")]
         assert equal["quantiles"][0]["ratio"] == pytest.approx(seen[0], rel=0.05), (equal, exact_at)
+        assert status == EXIT_STATUS[equal["verdict"]], equal
         if all(abs(ratio - 1) <= 0.05 for ratio in seen):  # well inside the 10% tolerance: compare must say so
-            assert status == 0 and equal["verdict"] == "equivalent", (equal, exact_at)
-        else:  # near the tolerance's edge: equivalent or not proven, never a difference
-            assert status in (0, 3) and equal["verdict"] in ("equivalent", "inconclusive"), (equal, exact_at)
+            assert equal["verdict"] == "equivalent", (equal, exact_at)
+        for result, ratio in zip(equal["quantiles"], seen, strict=True):
+            # Otherwise no quantile's verdict contradicts what the probes saw, within the buckets' 5%.
+            assert result["verdict"] in verdicts_consistent_with(ratio, tolerance=0.10, slack=0.05), (equal, exact_at)
         status, one_day = recorded("base", "slow", "--since", "1d")
         assert status == 3 and one_day["verdict"] == "inconclusive", one_day
         status, refused = recorded("base", "small", "--since", "4d")
