@@ -10,6 +10,7 @@ import json
 import math
 import os
 import platform
+import random
 import re
 import shlex
 import sys
@@ -112,6 +113,72 @@ def pooled_quantile(distributions: Sequence[Mapping[float, float]], q: float) ->
         if seen >= rank:
             return value
     raise ValueError("no samples to take a quantile of")
+
+
+# Log-spaced bins this wide, on which rounds' distributions are resampled: a quantile read from them is off by at
+# most half of it, far below the noise that the resampling measures.
+GRID_WIDTH = 0.002
+
+
+def on_grid(counts: Mapping[float, float]) -> dict[int, float]:
+    """A distribution ({seconds: requests}) on the log grid ({bin index: requests})."""
+    step = math.log1p(GRID_WIDTH)
+    binned: dict[int, float] = {}
+    for value, count in counts.items():
+        if value > 0 and count > 0:
+            index = math.floor(math.log(value) / step)
+            binned[index] = binned.get(index, 0.0) + count
+    return binned
+
+
+def grid_quantile(rounds: Sequence[Mapping[int, float]], q: float) -> float:
+    """The nearest-rank q-quantile (seconds, the bin's middle) of several rounds on the grid taken together."""
+    merged: dict[int, float] = {}
+    for counts in rounds:
+        for index, count in counts.items():
+            merged[index] = merged.get(index, 0.0) + count
+    rank, seen = q * sum(merged.values()), 0.0
+    for index in sorted(merged):
+        seen += merged[index]
+        if seen >= rank:
+            return (1 + GRID_WIDTH) ** (index + 0.5)
+    raise ValueError("no samples to take a quantile of")
+
+
+def ratio_interval(
+    ours: Sequence[Mapping[float, float]],
+    refs: Sequence[Mapping[float, float]],
+    q: float,
+    resamples: int = 1000,
+    level: float = 0.95,
+    seed: int = 27,
+) -> tuple[float, float]:
+    """A bootstrap interval of the ratio of the two sides' pooled q-quantiles (ours / refs), resampling rounds
+    with replacement, each round's pair together: the rounds are the independent units (a device's drift and
+    its tail events cluster within a round), and a pair shares its round's drift."""
+    if len(ours) != len(refs) or not ours:
+        raise ValueError("one distribution per round on each side")
+    ours_grid, refs_grid = [on_grid(c) for c in ours], [on_grid(c) for c in refs]
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        picks = [rng.randrange(len(ours)) for _ in ours]
+        ours_q = grid_quantile([ours_grid[i] for i in picks], q)
+        ratios.append(ours_q / grid_quantile([refs_grid[i] for i in picks], q))
+    ratios.sort()
+    tail = (1 - level) / 2
+    return ratios[int(tail * resamples)], ratios[math.ceil((1 - tail) * resamples) - 1]
+
+
+def halves_ratio(rounds: Sequence[Mapping[float, float]], q: float) -> float:
+    """One side against itself: the pooled q-quantile of rounds 0, 1, 4, 5, ... over that of rounds 2, 3, 6,
+    7, ... (each half holds as many rounds of either order, fio first or second). How far a side's own
+    quantile moves between two halves of one run: the noise floor a ratio between two sides is read against."""
+    first = [counts for i, counts in enumerate(rounds) if (i // 2) % 2 == 0]
+    second = [counts for i, counts in enumerate(rounds) if (i // 2) % 2 == 1]
+    if not first or not second:
+        raise ValueError("halves need at least three rounds")
+    return pooled_quantile(first, q) / pooled_quantile(second, q)
 
 
 def fio_paced(device: str, op: str, block_size: int, rate: float, runtime: float, size: int) -> Latency:

@@ -1,0 +1,65 @@
+"""The statistics bench/fidelity reads its commit rows with (bench/benchlib.py), on distributions whose answer is
+known: a wrong interval there would let a benchmark claim a bar it did not meet, or miss one it did."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import pytest
+
+from .support.harness import REPO
+
+# bench/ is no package: its scripts find benchlib on the path, and so does this.
+sys.path.insert(0, str(REPO / "bench"))
+import benchlib
+
+ROUNDS = 40
+PER_ROUND = 600  # requests a round: 8 s at 100/s, less the 2 s ramp
+
+
+def rounds_of(scale: float, seed: int) -> list[dict[float, float]]:
+    """Rounds of lognormal latencies around 1 ms times `scale`, each round's level drifting by up to 10% (as a
+    VM's disk does), rounded to 1 us as fio's bins are."""
+    rng = random.Random(seed)
+    rounds = []
+    for _ in range(ROUNDS):
+        drift = rng.uniform(0.9, 1.1)
+        counts: dict[float, float] = {}
+        for _ in range(PER_ROUND):
+            value = round(scale * drift * rng.lognormvariate(-6.9, 0.4), 6)
+            counts[value] = counts.get(value, 0) + 1
+        rounds.append(counts)
+    return rounds
+
+
+def test_the_sum_of_two_independent_draws_weighs_every_pair():
+    summed = benchlib.sum_distribution({0.001: 1, 0.002: 1}, {0.01: 1, 0.02: 3}, total=8)
+    assert summed == pytest.approx({0.011: 1, 0.012: 1, 0.021: 3, 0.022: 3})
+    assert benchlib.pooled_quantile([summed], 0.5) == 0.021
+
+
+def test_the_grid_keeps_a_quantile_within_its_width():
+    rounds = rounds_of(1.0, seed=1)
+    exact = benchlib.pooled_quantile(rounds, 0.99)
+    gridded = benchlib.grid_quantile([benchlib.on_grid(c) for c in rounds], 0.99)
+    assert gridded == pytest.approx(exact, rel=benchlib.GRID_WIDTH)
+
+
+def test_one_process_against_itself_lies_within_its_interval_and_a_20_percent_bias_outside():
+    ours, refs = rounds_of(1.0, seed=2), rounds_of(1.0, seed=3)
+    low, high = benchlib.ratio_interval(ours, refs, 0.99, resamples=200)
+    assert low < 1 < high
+    assert high - low < 0.2  # 40 rounds pin a p99 to within a few percent here
+    low, high = benchlib.ratio_interval(rounds_of(1.2, seed=2), refs, 0.99, resamples=200)
+    assert 1.05 < low < 1.2 < high
+
+
+def test_halves_of_one_side_alternate_the_order_and_compare_like_with_like():
+    same = rounds_of(1.0, seed=4)
+    assert benchlib.halves_ratio(same, 0.5) == pytest.approx(1.0, abs=0.03)
+    # Rounds 2, 3, 6, 7, ... twice as slow: the ratio is that of the two halves, whichever side ran first.
+    slowed = [{v * (2 if (i // 2) % 2 else 1): n for v, n in c.items()} for i, c in enumerate(same)]
+    assert benchlib.halves_ratio(slowed, 0.5) == pytest.approx(0.5, rel=0.03)
+    with pytest.raises(ValueError, match="three rounds"):
+        benchlib.halves_ratio(same[:2], 0.5)
