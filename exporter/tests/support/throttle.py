@@ -6,9 +6,12 @@ from __future__ import annotations
 import random
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 from lab import lab
+
+from volprobe.detectors import FLAT_SHARE, FLAT_TOLERANCE, MIN_SAMPLES
 
 
 def fio_load(device: str, *options: str, runtime: float) -> subprocess.Popen[bytes]:
@@ -68,3 +71,41 @@ NOT_THROTTLED = {(limit, direction): 0.0 for limit in ("iops", "bandwidth") for 
 def device_of(volume: lab.Volume) -> str:
     """The kernel name of a lab volume's device (loop7), as the detector labels it."""
     return Path(volume.device).name
+
+
+class PlateauEvidence:
+    """When a disk's reads first showed what the detector's rules ask of a plateau at `level` (ops or bytes a
+    second): at least MIN_SAMPLES seconds in its window, FLAT_SHARE of them within FLAT_TOLERANCE of the level.
+    Read here from /proc/diskstats once a second, apart from the exporter. On a machine loaded by other tests,
+    the lab serves its cap unevenly and the plateau's evidence comes late: a deadline for detection runs from
+    whichever is later, the start or this."""
+
+    def __init__(self, device: str, level: float, unit: str, window_s: float) -> None:
+        self.device, self.level, self.unit, self.window_s = device, level, unit, window_s
+        self.rates: list[float] = []
+        self.evident_at: float | None = None  # time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> float:
+        for line in Path("/proc/diskstats").read_text().splitlines():
+            fields = line.split()
+            if fields[2] == self.device:  # reads completed, sectors read (512 bytes)
+                return float(fields[3]) if self.unit == "ops" else float(fields[5]) * 512
+        raise LookupError(f"{self.device} is not in /proc/diskstats")
+
+    def _sample(self) -> None:
+        previous, at = self._read(), time.monotonic()
+        while not self._stop.wait(max(0.0, at + 1 - time.monotonic())):
+            now, value = time.monotonic(), self._read()
+            self.rates.append((value - previous) / (now - at))
+            previous, at = value, now
+            window = self.rates[-round(self.window_s) :]
+            flat = sum(abs(rate - self.level) <= FLAT_TOLERANCE * self.level for rate in window)
+            if self.evident_at is None and len(window) >= MIN_SAMPLES and flat >= FLAT_SHARE * len(window):
+                self.evident_at = now
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
