@@ -4,6 +4,7 @@ a stop or another target."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from volprobe import mixin, targets
+from volprobe import mixin, mountcheck, targets
 from volprobe.config import ConfigError, load
 from volprobe.discovery import Host
 from volprobe.mixin import dashboards, rules
@@ -205,6 +206,22 @@ def test_a_target_flag_on_a_hung_mount_starts_and_waits_for_it(fuse_directory, s
     )
     assert (lab.backing / ".volprobe-probe").exists()
     assert exporter.stop() == 0
+
+
+def test_a_target_flag_on_a_mount_that_answers_with_an_error_is_a_directory(fuse_directory, tmp_path) -> None:
+    """A FUSE daemon gone (ENOTCONN), like a stale NFS handle, is a broken mount: `--target` makes the path a
+    directory that waits for its mount, as a hung one does, not a device refused at start. What a stat says of
+    the path itself (absent, not a directory) still makes it a device target, whose checks name the problem."""
+    lab = fuse_directory()
+    lab.process.kill()
+    lab.process.wait(5)
+    with pytest.raises(OSError) as broken:
+        os.stat(lab.path)
+    assert broken.value.errno == errno.ENOTCONN
+    assert mountcheck.is_directory(str(lab.path))
+    assert mountcheck.is_directory(str(tmp_path))
+    assert not mountcheck.is_directory(str(tmp_path / "absent"))
+    assert not mountcheck.is_directory("/dev/null")
 
 
 def step_seconds(samples, target: str) -> dict[str, float]:

@@ -8,6 +8,7 @@ then gives up (Hung) without starting another, so a hung mount costs one thread,
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 # How long `--target PATH` waits for its path's stat. A device node answers at once (devtmpfs); a path that
 # does not is on a hung mount, so it is a directory whichever the deadline: this only bounds the wait at start.
 CLASSIFY_TIMEOUT_S = 1.0
+# What a stat of a path says of the path itself, not of its filesystem.
+PATH_ERRORS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.ENAMETOOLONG, errno.EACCES, errno.EPERM})
 
 
 class Hung(Exception):
@@ -118,6 +121,11 @@ def is_directory(path: str, timeout: float = CLASSIFY_TIMEOUT_S) -> bool:
             "%s: no answer to a stat within %gs: a directory on a hung mount, probed once it answers", path, timeout
         )
         return True
-    except OSError:
-        return False  # a device target, then: its checks name what is wrong with the path
+    except OSError as err:
+        if err.errno in PATH_ERRORS:
+            return False  # a device target, then: its checks name what is wrong with the path
+        # A mount that answers with an error (a FUSE daemon gone, ENOTCONN; a stale NFS handle): a directory
+        # whose mount is broken, as a hung one is.
+        log.warning("%s: %s: a directory on a broken mount, probed once it answers", path, os.strerror(err.errno or 0))
+        return True
     return stat.S_ISDIR(mode)
