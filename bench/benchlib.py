@@ -107,7 +107,10 @@ def pooled_quantile(distributions: Sequence[Mapping[float, float]], q: float) ->
     for counts in distributions:
         for value, count in counts.items():
             merged[value] = merged.get(value, 0) + count
-    rank, seen = max(1, math.ceil(q * sum(merged.values()))), 0
+    # Nearest rank: the first value whose cumulative count reaches q of the total. Counts may be fractions (a
+    # convolved distribution's) whose float sum is a hair off the whole total: compared with that much room.
+    total = sum(merged.values())
+    rank, seen = q * total * (1 - 1e-9), 0.0
     for value in sorted(merged):
         seen += merged[value]
         if seen >= rank:
@@ -137,7 +140,7 @@ def grid_quantile(rounds: Sequence[Mapping[int, float]], q: float) -> float:
     for counts in rounds:
         for index, count in counts.items():
             merged[index] = merged.get(index, 0.0) + count
-    rank, seen = q * sum(merged.values()), 0.0
+    rank, seen = q * sum(merged.values()) * (1 - 1e-9), 0.0  # as pooled_quantile
     for index in sorted(merged):
         seen += merged[index]
         if seen >= rank:
@@ -166,18 +169,20 @@ def ratio_interval(
         ours_q = grid_quantile([ours_grid[i] for i in picks], q)
         ratios.append(ours_q / grid_quantile([refs_grid[i] for i in picks], q))
     ratios.sort()
-    tail = (1 - level) / 2
-    return ratios[int(tail * resamples)], ratios[math.ceil((1 - tail) * resamples) - 1]
+    below = round((1 - level) / 2 * resamples)  # resamples left out at either end
+    return ratios[below], ratios[resamples - 1 - below]
 
 
 def halves_ratio(rounds: Sequence[Mapping[float, float]], q: float) -> float:
     """One side against itself: the pooled q-quantile of rounds 0, 1, 4, 5, ... over that of rounds 2, 3, 6,
-    7, ... (each half holds as many rounds of either order, fio first or second). How far a side's own
-    quantile moves between two halves of one run: the noise floor a ratio between two sides is read against."""
-    first = [counts for i, counts in enumerate(rounds) if (i // 2) % 2 == 0]
-    second = [counts for i, counts in enumerate(rounds) if (i // 2) % 2 == 1]
+    7, ... (each half holds as many rounds of either order, fio first or second; an odd last round is left
+    out). How far a side's own quantile moves between two halves of one run: one draw of it, on half the
+    rounds, so wider than the whole run's own spread."""
+    paired = rounds[: len(rounds) // 2 * 2]
+    first = [counts for i, counts in enumerate(paired) if (i // 2) % 2 == 0]
+    second = [counts for i, counts in enumerate(paired) if (i // 2) % 2 == 1]
     if not first or not second:
-        raise ValueError("halves need at least three rounds")
+        raise ValueError("halves need at least four rounds")
     return pooled_quantile(first, q) / pooled_quantile(second, q)
 
 
@@ -216,8 +221,9 @@ def fio_commit(directory: str, block_size: int, rate: float, runtime: float, siz
     syscalls, which fio times apart and logs no pairs of: the commit's distribution is taken as that of the sum
     of a write and an fdatasync drawn independently from fio's two distributions (its JSON's bins), and its
     quantiles are read from that. Not fdatasync's quantile plus the write's mean: that leaves out the write's
-    own tail (through FUSE the write goes to the daemon); nor the sum of the two quantiles, which is at least
-    the quantile of the sums."""
+    own tail (through FUSE the write goes to the daemon); nor the sum of the two p99s, which overstates the p99
+    of sums drawn independently. Independence is an assumption: a write and its fdatasync that are slow
+    together (a device's drift within a round) would put fio's p99 a little higher than this."""
     path = os.path.join(directory, "fio-commit")
     options = [
         "--name=etcd",
