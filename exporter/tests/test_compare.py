@@ -512,7 +512,7 @@ scrape_configs:
         if all(abs(ratio - 1) <= 0.05 for ratio in seen):  # well inside the 10% tolerance: compare must say so
             assert equal["verdict"] == "equivalent", (equal, exact_at)
         for result, ratio in zip(equal["quantiles"], seen, strict=True):
-            # Otherwise no quantile's verdict contradicts what the probes saw, within the buckets' 5%.
+            # In every case, no quantile's verdict contradicts what the probes saw, within the buckets' 5%.
             assert result["verdict"] in verdicts_consistent_with(ratio, tolerance=0.10, slack=0.05), (equal, exact_at)
         status, one_day = recorded("base", "slow", "--since", "1d")
         assert status == 3 and one_day["verdict"] == "inconclusive", one_day

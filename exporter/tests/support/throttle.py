@@ -74,8 +74,9 @@ def device_of(volume: lab.Volume) -> str:
 
 
 class PlateauEvidence:
-    """When a disk's reads first showed what the detector's rules ask of a plateau at `level` (ops or bytes a
-    second): at least MIN_SAMPLES seconds in its window, FLAT_SHARE of them within FLAT_TOLERANCE of the level.
+    """When a disk's reads first showed a plateau at `level` (ops or bytes a second, the lab's cap) by the
+    detector's counts: at least MIN_SAMPLES seconds in its window, FLAT_SHARE of them within FLAT_TOLERANCE of
+    the level (the detector takes its level from the seconds themselves; the lab serves its cap to 0.1%).
     Read here from /proc/diskstats once a second, apart from the exporter. On a machine loaded by other tests,
     the lab serves its cap unevenly and the plateau's evidence comes late: a deadline for detection runs from
     whichever is later, the start or this."""
