@@ -4,15 +4,9 @@ known: a wrong interval there would let a benchmark claim a bar it did not meet,
 from __future__ import annotations
 
 import random
-import sys
 
+import benchlib  # bench/benchlib.py: bench/ is on the path (pyproject.toml's pytest `pythonpath`)
 import pytest
-
-from .support.harness import REPO
-
-# bench/ is no package: its scripts find benchlib on the path, and so does this.
-sys.path.insert(0, str(REPO / "bench"))
-import benchlib
 
 ROUNDS = 40
 PER_ROUND = 600  # requests a round: 8 s at 100/s, less the 2 s ramp
