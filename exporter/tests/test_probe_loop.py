@@ -7,6 +7,7 @@ import os
 import random
 import struct
 import time
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +123,22 @@ def test_stop_and_slow_down_apply_at_once_during_a_long_wait(make_loop, loop_kin
     assert w.join(2.0)
     assert time.monotonic() - started < 0.5, "a stop wakes the timer's wait (for the next slot, in 8 hours)"
     assert w.completed - before <= 1
+
+
+@pytest.mark.parametrize(("interval", "slack_ns"), [(0.2, 2_000_000), (30.0, probe.MAX_TIMER_SLACK_NS)])
+def test_a_worker_lets_the_kernel_wake_it_a_hundredth_of_its_interval_late(make_loop, loop_kind, interval, slack_ns):
+    """Its thread's timer slack, as the kernel holds it (/proc/TID/timerslack_ns): 1% of the interval, at most
+    10 ms, so that probes due close together share a wake-up; the default 50 us before."""
+    w = worker(make_loop(16 * MIB), "read", interval)
+    w.start()
+    try:
+        first_time(lambda: w.completed >= 1, timeout=10.0)  # the first batch is under way: the slack is set
+        tid = w._thread.native_id
+        assert int(Path(f"/proc/{tid}/timerslack_ns").read_text()) == slack_ns
+    finally:
+        w.stop()
+        assert w.join(2.0)
+        w.close()
 
 
 def test_failures_are_counted_backed_off_and_recovered_from(tmp_path, loop_kind):

@@ -27,7 +27,7 @@ from typing import NamedTuple, Protocol
 
 from . import supervise, timer
 from .config import ProbeConfig
-from .osthread import name_this_thread
+from .osthread import name_this_thread, set_timer_slack
 from .safety import Refused
 from .stats import ProbeStats
 from .timer import Status
@@ -40,6 +40,11 @@ MAX_ERROR_BACKOFF_S = 30.0
 BATCH_S = 30.0  # the C timer returns to Python about this often (and at every failure, stop or slow-down)
 MAX_BATCH = 512
 RECHECK_S = 1.0  # a held write descriptor is checked again (fstat, size) before a batch, at most this often
+# A probe may wake up to 1% of its interval late (at most 10 ms), on the same slot grid: the kernel then serves
+# probes due close together with one wake-up of a CPU, which on an idle VM costs more than the probe itself.
+# Each probe's jitter already moves it by up to 10% of its interval; the request is timed on its own.
+TIMER_SLACK_SHARE = 0.01
+MAX_TIMER_SLACK_NS = 10_000_000
 # errnos after which the descriptor is worthless: the device went away or was replaced, or the filesystem went
 # read-only (an ext4 error): letting go of the probe file lets the operator unmount it for fsck.
 REOPEN_ERRNOS = {errno.ENXIO, errno.ENODEV, errno.ENOENT, errno.EBADF, errno.ESTALE, errno.ENOMEDIUM, errno.EROFS}
@@ -410,6 +415,7 @@ class ProbeWorker:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._slowdown = 1.0
+        self._timer_slack_ns = -1  # as last set on the worker's thread (-1: not yet)
         self._batch: list[tuple[int, str]] = []  # the picks the timer is working through
         # Read by scrapes; written only by the worker thread.
         self.errors: dict[str, int] = {}
@@ -565,6 +571,10 @@ class ProbeWorker:
                     self.timer.schedule(retry_at, self._interval_ns())
                     continue
             batch = self._take_batch(picker)
+            slack = min(MAX_TIMER_SLACK_NS, int(self._interval_ns() * TIMER_SLACK_SHARE))
+            if slack != self._timer_slack_ns:  # the probe's own thread, where the timer sleeps
+                set_timer_slack(slack)
+                self._timer_slack_ns = slack
             self.drain()
             with self._lock:
                 self._batch = batch
