@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 # The test harness (commands, devices, the exporter) is tests.support.harness; the lab is lab.lab: the roots that
@@ -101,9 +102,13 @@ class Latency:
     counts: Mapping[float, float] = field(default_factory=dict)
 
 
-def pooled_quantile(distributions: Sequence[Mapping[float, float]], q: float) -> float:
-    """The nearest-rank q-quantile of several distributions ({value: count}) taken together."""
-    merged: dict[float, float] = {}
+Value = TypeVar("Value", int, float)  # what a distribution counts: seconds, or a bin's index
+
+
+def pooled_quantile(distributions: Sequence[Mapping[Value, float]], q: float) -> Value:
+    """The nearest-rank q-quantile of several distributions ({value: count}) taken together: values in seconds,
+    or indexes of bins (grid_quantile)."""
+    merged: dict[Value, float] = {}
     for counts in distributions:
         for value, count in counts.items():
             merged[value] = merged.get(value, 0) + count
@@ -136,16 +141,7 @@ def on_grid(counts: Mapping[float, float]) -> dict[int, float]:
 
 def grid_quantile(rounds: Sequence[Mapping[int, float]], q: float) -> float:
     """The nearest-rank q-quantile (seconds, the bin's middle) of several rounds on the grid taken together."""
-    merged: dict[int, float] = {}
-    for counts in rounds:
-        for index, count in counts.items():
-            merged[index] = merged.get(index, 0.0) + count
-    rank, seen = q * sum(merged.values()) * (1 - 1e-9), 0.0  # as pooled_quantile
-    for index in sorted(merged):
-        seen += merged[index]
-        if seen >= rank:
-            return (1 + GRID_WIDTH) ** (index + 0.5)
-    raise ValueError("no samples to take a quantile of")
+    return float((1 + GRID_WIDTH) ** (pooled_quantile(rounds, q) + 0.5))
 
 
 def ratio_interval(

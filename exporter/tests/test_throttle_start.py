@@ -68,10 +68,9 @@ def deadline(timeout: float, evident_at: float | None, started: float) -> float:
 
 def _wait_flagged(exporter, caps: dict, started: float, timeout: float, evidence: dict) -> dict[str, float]:
     def waiting(name: str) -> bool:
-        # Until its deadline; while its plateau has not shown, until a window has passed without it.
+        # Until its deadline; while its plateau has not shown, as if it would show at the window's end.
         seen = evidence[name].evident_at
-        limit = deadline(timeout, seen, started) if seen is not None else max(timeout, WINDOW_S + DETECTION_S)
-        return time.monotonic() - started < limit
+        return time.monotonic() - started < deadline(timeout, seen if seen is not None else started + WINDOW_S, started)
 
     flagged: dict[str, float] = {}
     while any(name not in flagged and waiting(name) for name in caps):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from lab import lab
 
+from volprobe import diskstats
 from volprobe.detectors import FLAT_SHARE, FLAT_TOLERANCE, MIN_SAMPLES
 
 
@@ -90,11 +91,8 @@ class PlateauEvidence:
         self._thread.start()
 
     def _read(self) -> float:
-        for line in Path("/proc/diskstats").read_text().splitlines():
-            fields = line.split()
-            if fields[2] == self.device:  # reads completed, sectors read (512 bytes)
-                return float(fields[3]) if self.unit == "ops" else float(fields[5]) * 512
-        raise LookupError(f"{self.device} is not in /proc/diskstats")
+        stats = diskstats.read(names=[self.device])[self.device]
+        return stats.reads_completed if self.unit == "ops" else stats.bytes_read
 
     def _sample(self) -> None:
         previous, at = self._read(), time.monotonic()
