@@ -340,7 +340,26 @@ def start_volprobe(
 ) -> RunningExporter:
     """Run `volprobe ARGS` on a free loopback port (output to `log_path`) until /-/ready answers; with tls,
     until the port accepts connections (readiness over plain HTTP is not possible). `env` adds to the
-    environment; `prefix` runs the command under another (setpriv, say)."""
+    environment; `prefix` runs the command under another (setpriv, say). A port taken by another process between
+    free_port() and the exporter's bind (the suite runs on four workers) is given up for another, twice at most."""
+    for attempt in range(3):
+        exporter = _start_volprobe(args, log_path, ready_timeout, tls, env, prefix, retry_taken_port=attempt < 2)
+        if exporter is not None:
+            return exporter
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _start_volprobe(
+    args: tuple[str, ...],
+    log_path: Path,
+    ready_timeout: float,
+    tls: bool,
+    env: dict[str, str] | None,
+    prefix: tuple[str, ...],
+    retry_taken_port: bool,
+) -> RunningExporter | None:
+    """start_volprobe's one attempt: None if the exporter exited because its port was taken in the meantime
+    and `retry_taken_port`."""
     port = free_port()
     log_file = open(log_path, "w")  # noqa: SIM115 - closed by stop() or kill()
     process = subprocess.Popen(
@@ -355,6 +374,8 @@ def start_volprobe(
     while time.monotonic() < deadline:
         if process.poll() is not None:
             exporter.close_log()
+            if retry_taken_port and f"cannot listen on 127.0.0.1:{port}: Address already in use" in exporter.log():
+                return None
             raise AssertionError(f"exporter exited with {process.returncode}:\n{exporter.log()}")
         with contextlib.suppress(OSError):
             if tls:
