@@ -16,7 +16,9 @@ TEST_SIZED = {
     "daily_window": "5m",
     "baseline_window": "2m",
     "long_interval": "2s",  # the long group (daily quantiles, baseline) as often as the rest, in minutes of test
-    "latency_objective_for": "10s",
+    # Twice the rate window, as the defaults (5m, 10m): the p99 must stay above the objective for longer than one
+    # window holds a host stall's slow probes (on a loaded CI host, a healthy lab volume's p99 over 30 s read 55 ms).
+    "latency_objective_for": "60s",
     "regression_for": "6s",
     # Under test_e2e's load (six lab volumes, fio, Prometheus on two cores) the lab's tail latency wobbles
     # by up to ~15 ms (a healthy 0.5 ms volume once showed a write p99 of 14.3 ms); its raise is +24 ms.
