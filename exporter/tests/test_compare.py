@@ -34,6 +34,7 @@ from volprobe.stats import DEFAULT_BUCKETS, RELATIVE_ERROR
 from .support.harness import MIB, REPO, Samples, run, volprobe_command, wait_until
 from .support.harness import start_prometheus as start_backfilled
 from .support.pki import make_pki
+from .support.verdicts import verdicts_consistent_with
 
 DAY = 86400
 STEP = 300  # seconds between the generated samples (a probe every second in between)
@@ -355,20 +356,6 @@ RECORDED = (
     "volprobe_probe_info",
     "volprobe_probe_latency_recent_seconds",
 )
-
-
-def verdicts_consistent_with(ratio: float, tolerance: float, slack: float) -> set[str]:
-    """The verdicts on one quantile that the sides' exact ratio (candidate / baseline) does not contradict, once a
-    ratio read from buckets may be off by `slack`: inconclusive always; equivalent within the tolerance; worse or
-    better beyond it on its side."""
-    allowed = {"inconclusive"}
-    if abs(ratio - 1) <= tolerance + slack:
-        allowed.add("equivalent")
-    if ratio > 1 + tolerance - slack:
-        allowed.add("worse")
-    if ratio < 1 - tolerance + slack:
-        allowed.add("better")
-    return allowed
 
 
 def test_a_verdict_is_consistent_with_the_exact_ratio_only_on_its_side_of_the_tolerance():
