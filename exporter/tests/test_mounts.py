@@ -250,13 +250,15 @@ def test_a_fuse_directory_takes_every_probe_and_a_rename_slowed_20ms_shows_in_it
     assert fast < 0.005, before  # the lab's own rename, before it is slowed
 
     lab.set_latency("rename", 0.020)
+    # Counted from a scrape after the lab acknowledged the setting: every rename begun since sleeps 20 ms, and only
+    # the one sequence in flight at that scrape may have missed it. The rename the unslowed sequences took is no
+    # floor: the host's load during the first ones can make it larger (CI: 3.4 ms).
+    samples = exporter.metrics()
+    before, sequences = step_seconds(samples, "nas"), probes_done(samples, "nas", "metadata")
     samples = exporter.wait_for(
         lambda s: probes_done(s, "nas", "metadata") >= sequences + 20, timeout=30, what="slowed sequences"
     )
     after = step_seconds(samples, "nas")
-    # The sequences since the slowing: their mean per step. The lab acknowledges the setting before it returns, so
-    # every rename begun since sleeps 20 ms; only the one sequence in flight may have missed them. The rename the
-    # unslowed sequences took is no floor: the host's load during the first ones can make it larger (CI: 3.4 ms).
     count = probes_done(samples, "nas", "metadata") - sequences
     mean = {step: (after[step] - before[step]) / count for step in after}
     assert 0.020 * (count - 1) / count <= mean["rename"] <= fast + 0.020 * 1.6, (mean, fast)
