@@ -592,7 +592,7 @@ def test_native_histograms_of_lab_volumes_live(tmp_path, lab_volume, start_expor
     if all(abs(ratio - 1) <= 0.05 for ratio in seen):  # well inside the 10% tolerance: compare must say so
         assert verdicts == ["equivalent", "equivalent"], (equal, seen)
     for said, ratio in zip(verdicts, seen, strict=True):
-        # Otherwise no quantile's verdict contradicts what the probes saw, within the buckets' 5%.
+        # In any case, no quantile's verdict contradicts what the probes saw, within the buckets' 5%.
         assert said in verdicts_consistent_with(ratio, tolerance=0.10, slack=0.05), (equal, seen)
 
     status, classic = live("slow", "--histograms", "classic")

@@ -16,7 +16,7 @@ TEST_SIZED = {
     "daily_window": "5m",
     "baseline_window": "2m",
     "long_interval": "2s",  # the long group (daily quantiles, baseline) as often as the rest, in minutes of test
-    # Twice the rate window, as the defaults (5m, 10m): the p99 must stay above the objective for longer than one
+    # Twice the 30 s rate window, as the defaults (5m, 10m): the p99 must stay above the objective for longer than one
     # window holds a host stall's slow probes (on a loaded CI host, a healthy lab volume's p99 over 30 s read 55 ms).
     "latency_objective_for": "60s",
     "regression_for": "6s",
