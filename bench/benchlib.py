@@ -251,6 +251,71 @@ def fio_commit(directory: str, block_size: int, rate: float, runtime: float, siz
     return Latency(pooled_quantile([counts], 0.5), pooled_quantile([counts], 0.99), ios, cpu / max(1, ios), counts)
 
 
+@dataclass
+class CommitPairs:
+    """One paced run of etcd's recipe timed here: each commit's write and fdatasync (ns), in order."""
+
+    writes: list[int]
+    syncs: list[int]
+
+
+def commit_pairs(directory: str, block_size: int, rate: float, runtime: float, size: int, ramp: float) -> CommitPairs:
+    """etcd's recipe as fio runs it (a buffered write of `block_size` at the next offset of a preallocated file of
+    `directory`, then fdatasync, paced at `rate`), each syscall timed apart, the first `ramp` seconds left out:
+    what fio times, with each write kept beside its own fdatasync, which fio's output does not keep."""
+    path = os.path.join(directory, "pairs-commit")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+        os.fsync(fd)
+        data = random.randbytes(block_size)
+        clock, step = time.perf_counter_ns, round(1e9 / rate)
+        start = due = clock()
+        kept, end = start + round(ramp * 1e9), start + round((ramp + runtime) * 1e9)
+        offset = 0
+        pairs = CommitPairs([], [])
+        while due < end:
+            wait = due - clock()
+            if wait > 0:
+                time.sleep(wait / 1e9)
+            before = clock()
+            os.pwrite(fd, data, offset)
+            written = clock()
+            os.fdatasync(fd)
+            synced = clock()
+            if before >= kept:
+                pairs.writes.append(written - before)
+                pairs.syncs.append(synced - written)
+            offset = offset + block_size if offset + 2 * block_size <= size else 0
+            due += step
+        return pairs
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def independent_sums(runs: Sequence[CommitPairs], draws: int = 20, seed: int = 0) -> list[int]:
+    """Sums of a write and an fdatasync of the same run drawn independently (each run's fdatasyncs shuffled against
+    its writes, `draws` times): the distribution fio's reference assumes (sum_distribution), from the same
+    commits."""
+    chooser = random.Random(seed)
+    sums: list[int] = []
+    for measured in runs:
+        for _ in range(draws):
+            shuffled = list(measured.syncs)
+            chooser.shuffle(shuffled)
+            sums += [write + sync for write, sync in zip(measured.writes, shuffled, strict=True)]
+    return sums
+
+
+def correlation(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Pearson's correlation of two equally long samples (0 where either does not vary)."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
+
+
 def bins_in_seconds(bins: dict[str, int]) -> dict[float, int]:
     return {int(ns) / 1e9: count for ns, count in bins.items()}
 
