@@ -16,6 +16,7 @@ import shlex
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,26 +295,11 @@ def commit_pairs(directory: str, block_size: int, rate: float, runtime: float, s
         os.unlink(path)
 
 
-def independent_sums(runs: Sequence[CommitPairs], draws: int = 20, seed: int = 0) -> list[int]:
-    """Sums of a write and an fdatasync of the same run drawn independently (each run's fdatasyncs shuffled against
-    its writes, `draws` times): the distribution fio's reference assumes (sum_distribution), from the same
-    commits."""
-    chooser = random.Random(seed)
-    sums: list[int] = []
-    for measured in runs:
-        for _ in range(draws):
-            shuffled = list(measured.syncs)
-            chooser.shuffle(shuffled)
-            sums += [write + sync for write, sync in zip(measured.writes, shuffled, strict=True)]
-    return sums
-
-
-def correlation(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Pearson's correlation of two equally long samples (0 where either does not vary)."""
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
-    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else 0.0
+def independent_sum(pairs: CommitPairs) -> dict[float, float]:
+    """The distribution fio's commit reference takes for these commits (sum_distribution: a write and an fdatasync
+    drawn independently), from their own parts, each to 1 us (ns)."""
+    writes, syncs = (Counter(round(ns, -3) for ns in part) for part in (pairs.writes, pairs.syncs))
+    return sum_distribution(writes, syncs, len(pairs.writes))
 
 
 def bins_in_seconds(bins: dict[str, int]) -> dict[float, int]:
