@@ -5,6 +5,7 @@ Each volume is nbdkit (volume_plugin.py: latency, throttling, lazy allocation, e
 (a FUSE file) -> `losetup --direct-io=on` (a real /dev/loopN that O_DIRECT, fio, mkfs and mount work on).
 
     lab.py up NAME [--size 256MiB] [--read-latency 2ms] [--write-latency 5ms] [--jitter 0.2ms]
+                   [--tail-fraction 0.02 --tail-latency 8ms]
                    [--iops-limit N] [--bandwidth-limit 50MiB] [--lazy --first-write-latency 20ms]
     lab.py set NAME [same options] [--stall|--no-stall] [--fail-reads RATE] [--fail-writes RATE]
     lab.py down NAME | --all
@@ -216,6 +217,8 @@ DEFAULTS = {
     "read_latency": 0.0,
     "write_latency": 0.0,
     "jitter": 0.0,
+    "tail_fraction": 0.0,
+    "tail_latency": 0.0,
     "iops_limit": 0.0,
     "bandwidth_limit": 0.0,
     "burst": 0.02,
@@ -570,6 +573,10 @@ def _add_settings(parser: argparse.ArgumentParser, live: bool) -> None:
     parser.add_argument("--read-latency", type=parse_duration)
     parser.add_argument("--write-latency", type=parse_duration)
     parser.add_argument("--jitter", type=parse_duration, help="uniform +- jitter added to each latency")
+    parser.add_argument(
+        "--tail-fraction", type=float, metavar="RATE", help="fraction of reads and writes taking --tail-latency"
+    )
+    parser.add_argument("--tail-latency", type=parse_duration, help="the latency of the tail's requests")
     parser.add_argument("--iops-limit", type=float, help="device-wide IOPS cap (0 removes it)")
     parser.add_argument("--bandwidth-limit", type=parse_size, help="device-wide bytes/s cap (0 removes it)")
     parser.add_argument("--burst", type=parse_duration, help="token bucket burst, as time at the cap (default 20ms)")
@@ -593,6 +600,8 @@ def _settings_from(args: argparse.Namespace) -> dict:
         "read_latency",
         "write_latency",
         "jitter",
+        "tail_fraction",
+        "tail_latency",
         "iops_limit",
         "bandwidth_limit",
         "burst",
@@ -665,6 +674,8 @@ def units_text(settings: dict) -> str:
     parts = [f"read {settings['read_latency'] * 1e3:g}ms", f"write {settings['write_latency'] * 1e3:g}ms"]
     if settings["jitter"]:
         parts.append(f"jitter {settings['jitter'] * 1e3:g}ms")
+    if settings["tail_fraction"]:
+        parts.append(f"{settings['tail_fraction']:.1%} at {settings['tail_latency'] * 1e3:g}ms")
     if settings["iops_limit"]:
         parts.append(f"{settings['iops_limit']:g} IOPS cap")
     if settings["bandwidth_limit"]:

@@ -32,6 +32,17 @@ def test_qd1_latency_matches_the_configured_latency(lab_volume, read, write):
         assert abs(p50 - configured) <= max(0.10 * configured, 0.0003), (rw, p50, configured)
 
 
+@pytest.mark.xdist_group("lab-latency")
+def test_a_tail_fraction_takes_the_tail_latency_and_the_rest_the_base(lab_volume):
+    volume = lab_volume(size=64 * MIB, read_latency=0.001, write_latency=0.001, tail_fraction=0.2, tail_latency=0.006)
+    for rw, op in (("randread", "read"), ("randwrite", "write")):
+        job = qd1(volume.device, rw)
+        # 20% of the requests are slow: p70 lies among the fast ones and p90 among the slow, each 10% away.
+        p70, p90 = (lab.fio_percentile(job, op, p) for p in (70, 90))
+        assert abs(p70 - 0.001) <= 0.0003, (rw, p70)
+        assert abs(p90 - 0.006) <= 0.0006, (rw, p90)
+
+
 # Throughput at a cap and the lazy volume's latencies need the machine to themselves: beside the parallel
 # run's other tests, fio and the lab's daemons were starved below the caps (145 IOPS against 150; seconds of 454
 # against 500) and zero reads slowed past their bound, in one CI run. .ci/run runs `alone` tests after the others.

@@ -12,6 +12,8 @@ The model, per request:
 - latency: the request completes `latency` (+- uniform jitter) after it starts, less the emulation chain's
   own measured overhead (`overhead_read`/`overhead_write`, calibrated by lab.py), so qd1 latency seen
   through loop -> FUSE -> NBD matches the configured one;
+- tail: a fraction `tail_fraction` of reads and writes, drawn independently, take `tail_latency` instead (a
+  replicated volume's slow replica): a tail whose quantiles are known, for measuring a p99 against;
 - lazy allocation: the first write to a never-written allocation unit takes `first_write_latency` instead,
   and such writes are serialised (one allocator), while reads of never-written units return zeros at once;
 - trace: while set, every request served is appended to DIR/requests.log as `r|w OFFSET LENGTH`, so a test
@@ -188,7 +190,9 @@ def _sleep_until(deadline):
         time.sleep(delay)
 
 
-def _latency(base, overhead):
+def _latency(base, overhead, tail=True):
+    if tail and _settings["tail_fraction"] and random.random() < _settings["tail_fraction"]:
+        base = _settings["tail_latency"]
     jitter = _settings["jitter"]
     value = base + (random.uniform(-jitter, jitter) if jitter else 0.0)
     return max(0.0, value - overhead)
@@ -239,7 +243,7 @@ def pwrite(h, buf, offset, flags):
     if fresh:
         with _allocator:  # one allocation at a time, as a provider's allocator behaves
             if not all(_allocated[u] for u in units):  # another write may have allocated it meanwhile
-                latency = _latency(_settings["first_write_latency"], _settings["overhead_write"])
+                latency = _latency(_settings["first_write_latency"], _settings["overhead_write"], tail=False)
                 _sleep_until(max(start, time.monotonic()) + latency)
                 for u in units:
                     _allocated[u] = 1
