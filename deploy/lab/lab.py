@@ -200,6 +200,7 @@ class Volume:
         if unknown:
             raise ValueError(f"unknown settings: {', '.join(sorted(unknown))}")
         current.update(changes)
+        check_settings(current)
         current["generation"] = current.get("generation", 0) + 1
         tmp = self.dir / "control.json.tmp"
         tmp.write_text(json.dumps(current, indent=1))
@@ -234,6 +235,16 @@ DEFAULTS = {
     "reset_allocation": 0,
     "trace": False,
 }
+
+
+def check_settings(settings: dict) -> None:
+    """Refuse settings the model would apply silently wrong: a rate outside [0, 1] (never or always), a tail
+    without its latency (its requests would take no time at all: faster, not slower)."""
+    for key in ("tail_fraction", "fail_reads", "fail_writes"):
+        if not 0 <= settings.get(key, 0) <= 1:  # .get: a volume made before tails has no such key
+            raise ValueError(f"{key}: {settings[key]!r} is not a fraction between 0 and 1")
+    if settings.get("tail_fraction") and not settings["tail_latency"] > 0:
+        raise ValueError("tail_fraction needs a tail_latency above 0 (the tail's requests take it instead)")
 
 
 def _calibrate(volume: Volume, samples: int = 60, rounds: int = 6) -> tuple[float, float]:
@@ -287,11 +298,12 @@ def up(
     if not name.replace("-", "").replace("_", "").isalnum():
         raise ValueError(f"{name!r}: use letters, digits, '-' and '_'")
     volume = Volume(name)
-    if volume.dir.exists():
-        down(name)
     unknown = set(settings) - set(DEFAULTS)
     if unknown:
         raise ValueError(f"unknown settings: {', '.join(sorted(unknown))}")
+    check_settings({**DEFAULTS, **settings})  # before anything is torn down or started
+    if volume.dir.exists():
+        down(name)
     (volume.dir / "mnt").mkdir(parents=True)
     control = dict(DEFAULTS)  # the model's settings apply after calibration, which must see a plain device
     (volume.dir / "control.json").write_text(json.dumps(control, indent=1))
@@ -576,7 +588,9 @@ def _add_settings(parser: argparse.ArgumentParser, live: bool) -> None:
     parser.add_argument(
         "--tail-fraction", type=float, metavar="RATE", help="fraction of reads and writes taking --tail-latency"
     )
-    parser.add_argument("--tail-latency", type=parse_duration, help="the latency of the tail's requests")
+    parser.add_argument(
+        "--tail-latency", type=parse_duration, help="the tail's latency, instead of (not added to) the op's"
+    )
     parser.add_argument("--iops-limit", type=float, help="device-wide IOPS cap (0 removes it)")
     parser.add_argument("--bandwidth-limit", type=parse_size, help="device-wide bytes/s cap (0 removes it)")
     parser.add_argument("--burst", type=parse_duration, help="token bucket burst, as time at the cap (default 20ms)")
@@ -634,7 +648,10 @@ def main(argv: list[str] | None = None) -> int:
         print("lab.py: needs root (loop devices, FUSE)", file=sys.stderr)
         return 1
     if args.command == "up":
-        volume = up(args.name, size=args.size, alloc_unit=args.alloc_unit, **_settings_from(args))
+        try:
+            volume = up(args.name, size=args.size, alloc_unit=args.alloc_unit, **_settings_from(args))
+        except ValueError as e:  # refused before anything was made or torn down
+            parser.error(str(e))
         state = volume.state
         print(
             f"{args.name}: {units_text(volume.settings())}; chain overhead read "
@@ -646,7 +663,10 @@ def main(argv: list[str] | None = None) -> int:
         if not volume.dir.exists():
             print(f"lab.py: no volume {args.name}", file=sys.stderr)
             return 1
-        print(f"{args.name}: {units_text(volume.set(**_settings_from(args)))}")
+        try:
+            print(f"{args.name}: {units_text(volume.set(**_settings_from(args)))}")
+        except ValueError as e:  # refused: the device keeps its settings
+            parser.error(str(e))
     elif args.command == "down":
         if args.all:
             down_all()
@@ -674,8 +694,8 @@ def units_text(settings: dict) -> str:
     parts = [f"read {settings['read_latency'] * 1e3:g}ms", f"write {settings['write_latency'] * 1e3:g}ms"]
     if settings["jitter"]:
         parts.append(f"jitter {settings['jitter'] * 1e3:g}ms")
-    if settings["tail_fraction"]:
-        parts.append(f"{settings['tail_fraction']:.1%} at {settings['tail_latency'] * 1e3:g}ms")
+    if settings.get("tail_fraction"):  # a volume made before tails had no such key
+        parts.append(f"tail {settings['tail_fraction'] * 100:g}% at {settings['tail_latency'] * 1e3:g}ms")
     if settings["iops_limit"]:
         parts.append(f"{settings['iops_limit']:g} IOPS cap")
     if settings["bandwidth_limit"]:

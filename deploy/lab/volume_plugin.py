@@ -13,7 +13,8 @@ The model, per request:
   own measured overhead (`overhead_read`/`overhead_write`, calibrated by lab.py), so qd1 latency seen
   through loop -> FUSE -> NBD matches the configured one;
 - tail: a fraction `tail_fraction` of reads and writes, drawn independently, take `tail_latency` instead (a
-  replicated volume's slow replica): a tail whose quantiles are known, for measuring a p99 against;
+  replicated volume's slow replica): a tail whose quantiles are known, for measuring a p99 against. Lazy
+  first writes and zero reads keep their own latencies: they model the allocator, not the replicas;
 - lazy allocation: the first write to a never-written allocation unit takes `first_write_latency` instead,
   and such writes are serialised (one allocator), while reads of never-written units return zeros at once;
 - trace: while set, every request served is appended to DIR/requests.log as `r|w OFFSET LENGTH`, so a test
@@ -190,7 +191,7 @@ def _sleep_until(deadline):
         time.sleep(delay)
 
 
-def _latency(base, overhead, tail=True):
+def _latency(base, overhead, *, tail=True):
     if tail and _settings["tail_fraction"] and random.random() < _settings["tail_fraction"]:
         base = _settings["tail_latency"]
     jitter = _settings["jitter"]
