@@ -31,6 +31,8 @@ from tests.support import harness  # noqa: E402
 from tests.support.families import PROMETHEUS_PROTOBUF_ACCEPT  # noqa: E402
 from tests.support.harness import MIB, RunningExporter, loop_device, run  # noqa: E402 - also used by the scripts
 
+process_cpu_seconds = harness.process_cpu_seconds  # the scripts' reading of a process's CPU, as the harness's
+
 BENCHMARKS = REPO / "BENCHMARKS.md"
 # What a Prometheus 3.16 scrape asks for (its default scrape protocols): OpenMetrics first, and gzip.
 PROMETHEUS_HEADERS = {
@@ -340,21 +342,6 @@ class Task:
 
     comm: str
     cpu: float
-
-
-def process_cpu_clock(pid: int) -> int:
-    """The clock id of a process's CPU time, as clock_getcpuclockid(3) makes it on Linux: the time all its threads
-    have run, those that exited included, in nanoseconds (the scheduler's sum_exec_runtime)."""
-    return (~pid << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """CPU time of a process so far, its exited threads included: its CPU-time clock (exact), or where that cannot
-    be read, user + system time from /proc/PID/stat (in clock ticks: up to 10 ms off at each reading)."""
-    with contextlib.suppress(OSError):
-        return time.clock_gettime(process_cpu_clock(pid))
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def tasks(pid: int) -> dict[int, Task]:

@@ -3,8 +3,12 @@ known: a wrong interval there would let a benchmark claim a bar it did not meet,
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import benchlib  # bench/benchlib.py: bench/ is on the path (pyproject.toml's pytest `pythonpath`)
 import pytest
@@ -87,3 +91,29 @@ def test_the_convolved_reference_understates_pairs_slow_together():
 
     assert p99_ratio(together) > 1.01
     assert p99_ratio(apart) == pytest.approx(1.0, rel=0.05)
+
+
+def test_a_process_cpu_time_holds_its_exited_threads_and_agrees_with_its_clock_ticks():
+    burn = (
+        "import sys, threading, time\n"
+        "def burn():\n"
+        "    start = time.thread_time()\n"
+        "    while time.thread_time() - start < 0.3:\n"
+        "        pass\n"
+        "worker = threading.Thread(target=burn)\n"
+        "worker.start()\n"
+        "worker.join()\n"
+        "print('burnt', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "burnt\n"  # the burning thread has exited
+        exact = benchlib.process_cpu_seconds(child.pid)
+        fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    finally:
+        child.kill()
+        child.communicate()
+    assert exact >= 0.3, exact  # the exited thread's 0.3 s is in it
+    assert abs(exact - ticks) <= 0.03, (exact, ticks)  # the same time, but to the tick

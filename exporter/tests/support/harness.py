@@ -248,6 +248,21 @@ def sample_value(samples: Samples, name: str, **labels: str) -> float | None:
 # -- the exporter ----------------------------------------------------------------------------------------
 
 
+def process_cpu_clock(pid: int) -> int:
+    """The clock id of a process's CPU time, as clock_getcpuclockid(3) makes it on Linux: the time all its threads
+    have run, those that exited included, in nanoseconds (the scheduler's sum_exec_runtime)."""
+    return (~pid << 3) | 2  # MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time of a process so far, its exited threads included: its CPU-time clock (exact), or where that cannot
+    be read, user + system time from /proc/PID/stat (in clock ticks: up to 10 ms off at each reading)."""
+    with contextlib.suppress(OSError):
+        return time.clock_gettime(process_cpu_clock(pid))
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass
 class RunningExporter:
     """A `volprobe` process serving on a loopback port."""
@@ -300,9 +315,8 @@ class RunningExporter:
             time.sleep(0.05)
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the process so far."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """CPU time of the process so far (process_cpu_seconds)."""
+        return process_cpu_seconds(self.process.pid)
 
     def rss_bytes(self) -> tuple[int, int]:
         """(resident memory now, peak resident memory) of the process."""
