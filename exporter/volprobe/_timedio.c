@@ -30,8 +30,9 @@ static long long ns(const struct timespec *t) { return (long long)t->tv_sec * 10
 
 /* The requests a probe can make, by the name ops.py gives in its `syscall` column (timer.py's REQUESTS has the
  * same): each moves the whole buffer at offset and returns what pread and pwrite return. A request of several
- * steps (ops.py's `steps`) adds each step's nanoseconds to steps[], only when the whole request succeeded. A
- * zero-length buffer does nothing for the requests of several syscalls (timer.py's warm-up call). */
+ * steps (ops.py's `steps`) writes each step's nanoseconds to steps[], which the loop counts only when the whole
+ * request succeeded. A zero-length buffer does nothing for the requests of several syscalls (timer.py's warm-up
+ * call). */
 #define MAX_STEPS 8
 typedef ssize_t (*request_fn)(int fd, void *buf, size_t size, off_t offset, long long *steps);
 static ssize_t request_pread(int fd, void *buf, size_t size, off_t offset, long long *steps) {
@@ -97,7 +98,7 @@ static ssize_t request_metadata(int dir, void *buf, size_t size, off_t offset, l
     clock_gettime(CLOCK_MONOTONIC, &t);
     at[6] = ns(&t);
     for (int k = 0; k < 6; k++)
-        __atomic_add_fetch(&steps[k], at[k + 1] - at[k], __ATOMIC_RELAXED);
+        steps[k] = at[k + 1] - at[k];
     return moved;
 }
 static const struct {
@@ -130,7 +131,9 @@ typedef struct {
     volatile int stopping;
     /* read by other threads */
     volatile long long completed, missed, zero_reads;
-    long long step_ns[MAX_STEPS]; /* per step of a request of several (atomic adds; read by scrapes) */
+    /* per step of a request of several, added with its result (under mutex); taken_step_ns: those of the results
+     * take() has returned, so that a scrape's steps and its latency histogram hold the same requests */
+    long long step_ns[MAX_STEPS], taken_step_ns[MAX_STEPS];
     int nsteps;
     /* results of the current run, index = position in its batch; guarded by mutex */
     pthread_mutex_t mutex;
@@ -319,6 +322,8 @@ static PyObject *Loop_run(Loop *self, PyObject *args) {
         self->capacity = n;
     }
     self->produced = self->taken = 0;
+    /* results not taken are dropped with their steps, so that take() counts the steps of what it returns */
+    memcpy(self->step_ns, self->taken_step_ns, sizeof(self->step_ns));
     pthread_mutex_unlock(&self->mutex);
 
     const long long *at = (const long long *)offsets.buf;
@@ -342,9 +347,10 @@ static PyObject *Loop_run(Loop *self, PyObject *args) {
             break;
         }
         struct timespec start, end;
+        long long steps[MAX_STEPS] = {0};
         clock_gettime(CLOCK_MONOTONIC, &start);
         *marker = ns(&start);
-        moved = self->request(use, self->buffer.buf, size, at[i], self->step_ns);
+        moved = self->request(use, self->buffer.buf, size, at[i], steps);
         clock_gettime(CLOCK_MONOTONIC, &end);
         *marker = 0;
         if (moved < 0)
@@ -360,6 +366,8 @@ static PyObject *Loop_run(Loop *self, PyObject *args) {
         self->latency_ns[i] = ns(&end) - ns(&start);
         self->end_ns[i] = ns(&end);
         self->zero[i] = (unsigned char)zero;
+        for (int k = 0; k < self->nsteps; k++)
+            self->step_ns[k] += steps[k];
         self->produced = i + 1;
         pthread_mutex_unlock(&self->mutex);
         __atomic_add_fetch(&self->completed, 1, __ATOMIC_RELAXED);
@@ -383,6 +391,8 @@ static PyObject *Loop_take(Loop *self, PyObject *unused) {
         memcpy((unsigned char *)(copy + 2 * count), self->zero + from, (size_t)count);
         self->taken = to;
     }
+    if (count == 0 || copy != NULL) /* the steps of exactly the results returned */
+        memcpy(self->taken_step_ns, self->step_ns, sizeof(self->step_ns));
     pthread_mutex_unlock(&self->mutex);
     if (count > 0 && copy == NULL)
         return PyErr_NoMemory();
@@ -407,9 +417,13 @@ static PyObject *Loop_zero_reads(Loop *self, void *closure) { return PyLong_From
 static PyObject *Loop_deadline(Loop *self, void *closure) { return PyLong_FromLongLong(self->deadline_ns); }
 static PyObject *Loop_max_batch(Loop *self, void *closure) { return PyLong_FromSsize_t(PY_SSIZE_T_MAX); }
 static PyObject *Loop_steps(Loop *self, void *closure) {
+    long long taken[MAX_STEPS];
+    pthread_mutex_lock(&self->mutex);
+    memcpy(taken, self->taken_step_ns, sizeof(taken));
+    pthread_mutex_unlock(&self->mutex);
     PyObject *steps = PyTuple_New(self->nsteps);
     for (int k = 0; steps != NULL && k < self->nsteps; k++) {
-        PyObject *value = PyLong_FromLongLong(__atomic_load_n(&self->step_ns[k], __ATOMIC_RELAXED));
+        PyObject *value = PyLong_FromLongLong(taken[k]);
         if (value == NULL) {
             Py_CLEAR(steps);
             break;
@@ -426,7 +440,7 @@ static PyGetSetDef Loop_getset[] = {
     {"zero_reads", (getter)Loop_zero_reads, NULL, "reads that returned only zeros", NULL},
     {"deadline_ns", (getter)Loop_deadline, NULL, "when the next request is due (CLOCK_MONOTONIC)", NULL},
     {"max_batch", (getter)Loop_max_batch, NULL, "the most offsets worth giving one run(): no limit", NULL},
-    {"steps", (getter)Loop_steps, NULL, "nanoseconds spent in each step of the successful requests", NULL},
+    {"steps", (getter)Loop_steps, NULL, "nanoseconds in each step of the successful requests take() returned", NULL},
     {NULL},
 };
 

@@ -6,7 +6,7 @@ stamping the write buffer, checking a read for zeros, recording the sample) happ
 A worker (ProbeWorker) picks its offsets a batch at a time and hands each batch to its timer (timer.py: in C,
 or in Python without the C module), which paces, stamps, issues, times and checks them; the worker handles
 every failure the same way whichever timer ran (count, back off, let go of a worthless descriptor, reopen
-through every check), and scrapes move the timer's results into the statistics (drain()). With the C timer
+through every check), and scrapes move the timer's results into the statistics (drained()). With the C timer
 Python wakes per batch and per failure, not per probe: woken cold for each probe it cost about twice the
 probe's own syscalls (BENCHMARKS.md, cpu). `volprobe ping` runs the same worker, one probe a batch.
 """
@@ -29,7 +29,7 @@ from . import supervise, timer
 from .config import ProbeConfig
 from .osthread import name_this_thread, set_timer_slack
 from .safety import Refused
-from .stats import ProbeStats
+from .stats import TOUCHES, LatencySnapshot, ProbeStats
 from .timer import Status
 
 TIMER = timer.KIND  # "c" or "python": volprobe_build_info{timer}
@@ -462,20 +462,27 @@ class ProbeWorker:
     def zero_reads(self) -> int:
         return self.timer.zero_reads
 
-    @property
-    def steps(self) -> tuple[int, ...]:
-        """Nanoseconds in each step of its sequences (ops.Op.steps), empty for a single request."""
-        return self.timer.steps
-
     def drain(self) -> None:
-        """Move the timer's finished probes into the statistics: scrapes call this, so they are never behind."""
+        """Move the timer's finished probes into the statistics (the worker before and after each batch, the
+        throttle watch; scrapes call drained(), so they are never behind)."""
         with self._lock:
-            batch, record, listener = self._batch, self.stats.record, self.on_outcome
-            for index, latency_ns, end_ns, zero in self.timer.take():
-                block, touch = batch[index]
-                record(latency_ns, touch, end_ns)
-                if listener is not None:
-                    listener(Outcome(self.probe.offset_of(block), touch, latency_ns, end_ns, zero=zero))
+            self._drain()
+
+    def drained(self, now_ns: int) -> tuple[tuple[LatencySnapshot, ...], tuple[int, ...]]:
+        """Drain, then each touch's statistics and the nanoseconds in each step of its sequences (ops.Op.steps;
+        empty for a single request), as of that one drain: a scrape's latency histogram and its step counters
+        hold the same requests, whatever finishes meanwhile."""
+        with self._lock:
+            self._drain()
+            return tuple(self.stats.snapshot(touch, now_ns) for touch in TOUCHES), self.timer.steps
+
+    def _drain(self) -> None:
+        batch, record, listener = self._batch, self.stats.record, self.on_outcome
+        for index, latency_ns, end_ns, zero in self.timer.take():  # the timer's steps follow what take() returns
+            block, touch = batch[index]
+            record(latency_ns, touch, end_ns)
+            if listener is not None:
+                listener(Outcome(self.probe.offset_of(block), touch, latency_ns, end_ns, zero=zero))
 
     @property
     def slowdown(self) -> float:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import array
 import enum
-import functools
 import mmap
 import os
 import random
@@ -79,7 +78,8 @@ class Timer(Protocol):
 
     @property
     def steps(self) -> tuple[int, ...]:
-        """Nanoseconds spent in each step (ops.Op.steps) of the requests that succeeded, over all runs."""
+        """Nanoseconds spent in each step (ops.Op.steps) of the requests that succeeded, over all runs, as of the
+        last take(): the steps of exactly the results take() has returned."""
 
     def schedule(self, start_ns: int, interval_ns: int) -> None:
         """Restart the schedule: slot 0 is due at start_ns (plus jitter), slot k interval_ns later."""
@@ -117,7 +117,7 @@ _METADATA_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_N
 
 def _metadata(directory: int, buffers: list[memoryview], offset: int, steps: list[int] | None = None) -> int:
     """The metadata sequence (_timedio.c's request_metadata): create, write, fsync, rename, fsync the directory,
-    unlink; each step's nanoseconds are added to `steps` when the whole sequence succeeded."""
+    unlink; each step's nanoseconds are written to `steps` when the whole sequence succeeded."""
     size = sum(len(b) for b in buffers)
     if not size:
         return 0
@@ -141,13 +141,12 @@ def _metadata(directory: int, buffers: list[memoryview], offset: int, steps: lis
     os.unlink(METADATA_RENAMED, dir_fd=directory)
     at.append(clock())
     if steps is not None:
-        for k in range(len(at) - 1):
-            steps[k] += at[k + 1] - at[k]
+        steps[:] = [at[k + 1] - at[k] for k in range(len(at) - 1)]
     return moved
 
 
 # The requests a probe can make, by ops.Op.syscall: fd, buffers, offset -> bytes moved. _timedio.c has the same.
-# A request of several steps also takes `steps`, the timer's per-step nanoseconds (see Timer.steps).
+# A request of several steps also takes `steps`, a list it fills with each step's nanoseconds (see Timer.steps).
 REQUESTS: dict[str, Callable[..., int]] = {
     "pread": os.preadv,
     "pwrite": os.pwritev,
@@ -245,11 +244,10 @@ class PythonTimer:
         if syscall not in REQUESTS:
             raise ValueError(f"unknown syscall {syscall!r}")
         self._path, self._flags = path, flags
-        self._steps = [0] * steps
-        request = REQUESTS[syscall]
-        if syscall in STEPPED:
-            request = functools.partial(request, steps=self._steps)
-        self._request = request
+        self._steps = [0] * steps  # over the results produced; _taken_steps: over those take() returned
+        self._taken_steps = tuple(self._steps)
+        self._stepped = syscall in STEPPED
+        self._request = REQUESTS[syscall]
         self._buffer = buffer
         self._bufs = [memoryview(buffer)]
         self._empty = [memoryview(buffer)[:0]]
@@ -279,7 +277,8 @@ class PythonTimer:
 
     @property
     def steps(self) -> tuple[int, ...]:
-        return tuple(self._steps)
+        with self._lock:
+            return self._taken_steps
 
     def schedule(self, start_ns: int, interval_ns: int) -> None:
         self._pacer.schedule(start_ns, interval_ns)
@@ -296,6 +295,7 @@ class PythonTimer:
     def take(self) -> list[Result]:
         with self._lock:
             taken, self._taken = self._results[self._taken :], len(self._results)
+            self._taken_steps = tuple(self._steps)
         return taken
 
     def _wait_deadline(self) -> bool:
@@ -315,9 +315,10 @@ class PythonTimer:
             self._woken.wait(wait / 1e9)
 
     def run(self, offsets: array.array[int], fd: int) -> tuple[int, int, int, int]:
-        with self._lock:
+        with self._lock:  # results not taken are dropped with their steps, as in the C loop
             self._results, self._taken = [], 0
-        clock, request, inflight = time.perf_counter_ns, self._request, self._inflight
+            self._steps = list(self._taken_steps)
+        clock, request, inflight, stepped = time.perf_counter_ns, self._request, self._inflight, self._stepped
         status, error, moved, done = Status.DONE, 0, 0, 0
         for offset in offsets:
             if self._wait_deadline():
@@ -332,10 +333,11 @@ class PythonTimer:
                 except OSError as err:
                     status, error = Status.OPEN_FAILED, err.errno or 0
                     break
+            steps = [0] * len(self._steps)
             try:
                 request(use, self._empty, offset)
                 inflight[0] = start = clock()
-                moved = request(use, self._bufs, offset)
+                moved = request(use, self._bufs, offset, steps) if stepped else request(use, self._bufs, offset)
                 end = clock()
             except OSError as err:
                 status, error, moved = Status.IO_FAILED, err.errno or 0, 0
@@ -348,8 +350,9 @@ class PythonTimer:
                 status = Status.SHORT
                 break
             zero = self._write_data is None and self._buffer[:] == self._zeros
-            with self._lock:
+            with self._lock:  # a request's steps with its result: take() returns both or neither
                 self._results.append((done, end - start, end, zero))
+                self._steps[:] = [total + step for total, step in zip(self._steps, steps, strict=True)]
             self._completed += 1
             self._zero_reads += zero
             self._missed += self._pacer.advance(clock())

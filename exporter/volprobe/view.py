@@ -48,7 +48,7 @@ class ProbeReading(NamedTuple):
     inflight_seconds: float  # age of the request in flight, 0 if none
     slowdown: float  # the back-off's factor on the interval
     zero_reads: int
-    steps: tuple[int, ...] = ()  # nanoseconds in each step of its sequences (ops.Op.steps), over all of them
+    steps: tuple[int, ...] = ()  # nanoseconds in each step (ops.Op.steps) of the sequences in `touches`
 
     @property
     def labels(self) -> dict[str, str]:

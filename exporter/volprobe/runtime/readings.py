@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 from ..discovery import BlockDevice, Host
 from ..state import StateStore
-from ..stats import TOUCHES
 from ..view import DiskThrottle, ProbeReading, ProviderDevice, TargetReading, VolumeReading, WarmupReading
 from .probes import ProbeSet
 from .provider import ProviderStats, verdicts
@@ -21,7 +20,7 @@ def probe_readings(probes: ProbeSet) -> list[ProbeReading]:
     readings = []
     for running in probes.running():
         worker = running.worker
-        worker.drain()  # the latencies the worker recorded since the last scrape, into the histograms
+        touches, steps = worker.drained(now)  # the latencies recorded since the last scrape, into the histograms
         readings.append(
             ProbeReading(
                 identity=running,
@@ -30,13 +29,13 @@ def probe_readings(probes: ProbeSet) -> list[ProbeReading]:
                 spec=running.spec,
                 source=running.source,
                 buckets=running.stats.buckets,
-                touches=tuple(running.stats.snapshot(touch, now) for touch in TOUCHES),
+                touches=touches,
                 missed=worker.missed,
                 errors=worker.error_counts(),
                 inflight_seconds=worker.inflight_seconds(now),
                 slowdown=worker.slowdown,
                 zero_reads=worker.zero_reads,
-                steps=worker.steps,
+                steps=steps,
             )
         )
     return readings
