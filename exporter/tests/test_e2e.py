@@ -23,6 +23,11 @@ from .support.rules import TEST_SIZED, firing, start_with_rules
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.alone, pytest.mark.xdist_group("lab-latency")]
 
 ALL_CLAIMS = {"$namespace": ".*", "$pvc": ".*"}  # the namespace and pvc variables at All: every target
+# The regression alert's test-sized for: (6 s) is shorter than the 30 s window its p99 is over, so that it fires
+# within the test; so two probes a host stall slowed hold it over its threshold for up to one window (a healthy
+# volume's write p99 read 24.5 ms, +16 ms over its baseline, in one CI run). The defaults (for: 15m on a 5m window)
+# outlast any one burst. On the healthy volume it fails the test once it outlasts the window and a few evaluations.
+TRANSIENT_ON_HEALTHY = {"VolprobeLatencyRegression": 40.0}
 
 
 @pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
@@ -90,12 +95,13 @@ targets:
         "errors": ("VolprobeProbeErrors", {"target": "flaky", "op": "read"}),
     }
     seen: dict[str, float] = {}
+    on_healthy: dict[str, float] = {}  # alert name -> when it was first seen firing on the healthy volume
     stalled = raised = False
     burst = "before"  # the flaky volume's burst of failures: before, during, after
     fleet_errors = fleet_query("F")
 
     try:
-        while set(seen) != {*expected, "fleet"} and time.monotonic() - started < 240:
+        while (set(seen) != {*expected, "fleet"} or on_healthy) and time.monotonic() - started < 240:
             elapsed = time.monotonic() - started
             if not stalled and elapsed > 28:
                 volumes["stalled"].set(stall=True)
@@ -126,7 +132,15 @@ targets:
                 if a["state"] == "firing"
                 and (a["labels"].get("target") == "healthy" or a["labels"].get("device") == devices["healthy"])
             ]
-            assert quiet == [], f"an alert on the healthy volume: {quiet}"
+            names = {a["labels"]["alertname"] for a in quiet}
+            on_healthy = {name: on_healthy.get(name, elapsed) for name in names}  # one that ended is forgotten
+            lasting = [
+                a
+                for a in quiet
+                if elapsed - on_healthy[a["labels"]["alertname"]]
+                > TRANSIENT_ON_HEALTHY.get(a["labels"]["alertname"], -1)
+            ]
+            assert lasting == [], f"an alert on the healthy volume: {lasting}"
             for key, (name, labels) in expected.items():
                 if key not in seen and firing(alerts, name, **labels):
                     seen[key] = elapsed
