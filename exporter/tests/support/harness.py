@@ -256,9 +256,14 @@ def process_cpu_clock(pid: int) -> int:
 
 def process_cpu_seconds(pid: int) -> float:
     """CPU time of a process so far, its exited threads included: its CPU-time clock (exact), or where that cannot
-    be read, user + system time from /proc/PID/stat (in clock ticks: up to 10 ms off at each reading)."""
+    be read, process_cpu_ticks()."""
     with contextlib.suppress(OSError):
         return time.clock_gettime(process_cpu_clock(pid))
+    return process_cpu_ticks(pid)
+
+
+def process_cpu_ticks(pid: int) -> float:
+    """User + system CPU time of a process from /proc/PID/stat, in seconds: whole clock ticks, up to 10 ms off."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
