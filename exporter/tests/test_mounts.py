@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from volprobe import mixin, mountcheck, targets
+from volprobe import mixin, mountcheck, probefile, targets
 from volprobe.config import ConfigError, load
 from volprobe.discovery import Host
 from volprobe.mixin import dashboards, rules
@@ -289,3 +289,20 @@ def test_a_directory_without_a_device_takes_page_aligned_direct_probes_only(tmp_
     (too_big,) = problems("{op: read, block_size: 2MiB}")
     assert too_big.startswith("targets[0].probes[0].block_size: 2097152 is larger than the ")
     assert problems("{op: commit, block_size: 2300}") == []
+
+
+def test_a_probe_file_made_where_closed_files_are_released_late_is_not_refused_for_its_hidden_link(
+    fuse_directory,
+) -> None:
+    """FUSE's high-level library keeps a name unlinked while its file is open as a hidden link, until a release the
+    kernel sends after close() returned (one CI run refused a fresh probe file for its 2 links): with releases
+    0.3 s late, the probe file is made, judged with its one link, and pinned."""
+    lab = fuse_directory(release=0.3)
+    directory = probefile.ProbeDirectory(str(lab.path))
+    try:
+        identity = probefile.ensure(directory, ".volprobe-probe", 1 * MIB)
+    finally:
+        directory.release()
+    made = os.stat(lab.path / ".volprobe-probe")
+    assert (made.st_nlink, made.st_ino) == (1, identity.inode)
+    assert os.listdir(lab.backing) == [".volprobe-probe"]  # no temporary, no hidden link left

@@ -41,6 +41,10 @@ class ProbeFileError(Exception):
     pass
 
 
+class ExtraLinks(Refused):
+    """A probe file with another name too: refused, as a hard link could lead its writes to someone's data."""
+
+
 @dataclass(frozen=True)
 class FileIdentity:
     """The probe file a target checked: writes go to this inode with this header, or nowhere."""
@@ -195,7 +199,7 @@ def _judge_stat(fd: int, device: int, path: str) -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):
         raise Refused("exists and is not a regular file; refusing to touch it", path)
     if st.st_nlink != 1:
-        raise Refused(f"has {st.st_nlink} links; a probe file has one, refusing to touch it", path)
+        raise ExtraLinks(f"has {st.st_nlink} links; a probe file has one, refusing to touch it", path)
     if st.st_uid != os.geteuid():
         raise Refused(f"belongs to uid {st.st_uid}, not to volprobe's uid {os.geteuid()}; refusing to touch it", path)
     if st.st_dev != device:
@@ -269,11 +273,29 @@ def ensure(directory: ProbeDirectory, name: str, size: int, fill: bool = True) -
     except FileExistsError:
         pass
     finally:
+        # Closed before the temporary name goes: NFS keeps an open file's unlinked name as a hidden link (its
+        # silly rename). Once linked, the temporary counts 2 links itself, so a start clearing leftovers leaves
+        # it alone without the lock.
+        os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
-        os.close(fd)  # the lock goes only with the temporary name
     os.fsync(dir_fd)
-    return directory.identify(name, size)
+    return _identify_made(directory, name, size)
+
+
+def _identify_made(directory: ProbeDirectory, name: str, size: int, settle: float = 2.0) -> FileIdentity:
+    """identify() a probe file just made here. FUSE's high-level library also hides an unlinked name as a link
+    while the file is open, and learns of its close only from a release the kernel sends after close() returned:
+    the temporary name can outlive the unlink for a moment as that hidden link. So an extra link is waited out
+    for `settle` seconds, then refused as ever."""
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            return directory.identify(name, size)
+        except ExtraLinks:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
 
 
 def clear_leftover_temporaries(directory: ProbeDirectory, name: str) -> list[str]:
