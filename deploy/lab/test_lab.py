@@ -32,20 +32,23 @@ def test_qd1_latency_matches_the_configured_latency(lab_volume, read, write):
         assert abs(p50 - configured) <= max(0.10 * configured, 0.0003), (rw, p50, configured)
 
 
+# Alone: beside the parallel run the host delayed the tail's requests more than the fast ones (a tail 5.8 ms above
+# the fast mode in one CI run, 26.5% of requests over 4 ms in another), which no bar that still tells a tail that
+# replaces the latency (5 ms apart) from one added to it (6 ms) can allow.
+@pytest.mark.alone
 @pytest.mark.xdist_group("lab-latency")
 def test_a_tail_fraction_takes_the_tail_latency_and_the_rest_the_base(lab_volume):
     volume = lab_volume(size=64 * MIB, read_latency=0.001, write_latency=0.001, tail_fraction=0.2, tail_latency=0.006)
     for rw, op in (("randread", "read"), ("randwrite", "write")):
         job = qd1(volume.device, rw)
-        # 20% of the requests are slow: p40 is the fast ones' median, p90 the slow ones'. The tail takes 6 ms instead
-        # of 1 ms: 5 ms apart, whatever the chain's overhead adds to both beside the parallel run (a fast mode
-        # 0.4 ms over its setting in one CI run; test_qd1_latency_matches_the_configured_latency holds the level).
+        # 20% of the requests are slow: p40 is the fast ones' median, p90 the slow ones'. The tail takes 6 ms
+        # instead of 1 ms: 5 ms apart, whatever the chain's overhead adds to both (the level is held by
+        # test_qd1_latency_matches_the_configured_latency).
         p40, p90 = (lab.fio_percentile(job, op, p) for p in (40, 90))
         assert p40 < 0.003, (rw, p40)
         assert abs((p90 - p40) - 0.005) <= 0.0006, (rw, p40, p90)
-        # fio's percent of requests in the tail's bucket (4-10 ms): 20, its standard deviation 1 at ~1500; beside
-        # the parallel run, fast ones the host delayed past 4 ms add to it (26.5% over 4 ms, 1.8 of them over 10,
-        # in one CI run), hence the room above.
+        # fio's percent of requests in the tail's bucket (4-10 ms): 20, its standard deviation 1 at ~1500; fast ones
+        # the host delays past 4 ms add to it, hence the room above.
         share = job["latency_ms"]["10"]
         assert 14 <= share <= 30, (rw, job["latency_ms"])
 
