@@ -55,6 +55,28 @@ def test_a_caller_waits_for_the_outstanding_call_then_makes_its_own() -> None:
     assert checks.call("/a", lambda: "mine", 5.0) == "mine"
 
 
+def test_directories_shared_with_their_mount_wait_on_its_outstanding_call() -> None:
+    """Once the mount of /nfs/a and /nfs/b is known, a call for either is a call for /nfs: while the mount's call
+    hangs past the deadline they give up at once, with no thread of their own; other directories are not held."""
+    checks = mountcheck.Checks()
+    checks.share({"/nfs/a": "/nfs", "/nfs/b": "/nfs"})
+    release = threading.Event()
+    assert checks.submit("/nfs", release.wait, lambda error: None)
+    before = threading.active_count()
+    with pytest.raises(mountcheck.Hung):
+        checks.call("/nfs/a", lambda: "a", 0.05)
+    for key in ("/nfs/a", "/nfs/b"):
+        assert checks.outstanding_since(key) == checks.outstanding_since("/nfs") is not None
+        with pytest.raises(mountcheck.Hung, match="has not returned"):
+            checks.call(key, lambda: "b", 0.05)
+        assert not checks.submit(key, lambda: None, lambda error: None)
+    assert threading.active_count() == before
+    assert checks.call("/local", lambda: "local", 1.0) == "local"
+    release.set()
+    wait_until(lambda: checks.outstanding() == 0, 5)
+    assert checks.call("/nfs/b", lambda: "b", 1.0) == "b"
+
+
 def test_mount_check_is_validated_and_named() -> None:
     assert parse({}).mount_check.timeout == 10.0 and parse({}).mount_check.interval == 5.0
     assert parse({"mount_check": {"timeout": "2s", "interval": "500ms"}}).mount_check.timeout == 2.0

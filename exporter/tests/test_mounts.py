@@ -161,6 +161,44 @@ scrape_configs:
     assert time.monotonic() - start < 8
 
 
+def check_threads(pid: int) -> int:
+    """The exporter's threads making mount checks (named so for `top -H`)."""
+    return sum((task / "comm").read_text().strip() == "mount check" for task in Path(f"/proc/{pid}/task").iterdir())
+
+
+def test_directories_on_one_hung_mount_share_one_check_thread(tmp_path, fuse_directory, start_exporter) -> None:
+    """Three directory targets on one mount: a hung server holds one check thread, not one per directory, and
+    each directory is reported and recovers on its own answers."""
+    lab = fuse_directory()
+    names = ("a", "b", "c")
+    for name in names:
+        (lab.path / name).mkdir()
+    text = CHECK + "targets:\n" + "".join(fuse_target(f"nas-{name}", lab.path / name) for name in names)
+    config = Path(write_config(tmp_path, text))
+    exporter = start_exporter("--config", str(config))
+    pid = exporter.process.pid
+
+    def all_responsive(samples, value: int) -> bool:
+        return all(responsive(samples, f"nas-{name}") == value for name in names)
+
+    exporter.wait_for(lambda s: all_responsive(s, 1), what="the three directories' mount checks")
+    lab.stall("all")
+    exporter.wait_for(lambda s: all_responsive(s, 0), timeout=5, what="the three reported hung")
+    # Each overdue in the log: the watch has gone round since the stall and past the deadline.
+    wait_until(lambda: all(f"nas-{name}: the mount of" in exporter.log() for name in names), 10, "three overdue")
+    assert check_threads(pid) == 1
+    # A reload resolves the three again: each gives up on the mount's outstanding check at once, none starts
+    # a thread of its own to wait out its deadline.
+    started = time.monotonic()
+    exporter.reload(config, text)
+    assert time.monotonic() - started < 2.5  # waiting out each directory's deadline: 3 s
+    assert check_threads(pid) == 1
+    assert all(responsive(exporter.metrics(), f"nas-{name}") == 0 for name in names)
+    lab.release()
+    exporter.wait_for(lambda s: all_responsive(s, 1), what="the three answering again")
+    assert exporter.stop() == 0
+
+
 def test_started_while_the_mount_hangs_then_killed_and_restarted(
     tmp_path, fuse_directory, make_loop, start_exporter
 ) -> None:
@@ -196,6 +234,42 @@ def test_started_while_the_mount_hangs_then_killed_and_restarted(
     assert [(lab.backing / name).stat().st_ino for name in files] == identity
     assert os.path.exists(lab.path / ".volprobe-probe")
     assert again.stop() == 0
+
+
+def test_a_pending_directory_whose_probe_file_hangs_in_the_making_holds_no_check_or_reload(
+    tmp_path, fuse_directory, start_exporter
+) -> None:
+    """A directory pending since start answers its mount check, then making its probe file hangs (a server that
+    took the statfs, then stalled again): that is done in a thread of its own, so the mount watch goes on checking,
+    a reload returns and starts another directory; the target starts once its file is made. Before, the mount
+    watch made it holding the reload lock: both waited for the create."""
+    lab, other = fuse_directory(), fuse_directory()
+    config = Path(write_config(tmp_path, CHECK + "targets:\n" + fuse_target("nas", lab.path)))
+    lab.stall("meta")
+    exporter = start_exporter("--config", str(config), ready_timeout=15)
+    exporter.wait_for(lambda s: responsive(s, "nas") == 0, what="the pending directory's mount check")
+    lab.set_latency("create", 8)
+    lab.release()
+    wait_until(lambda: lab.status()["counts"].get("create", 0) >= 1, 10, "the probe file's create to begin")
+    begun = time.monotonic()
+
+    def answered(samples) -> float:
+        return sample_value(samples, "volprobe_mount_last_response_timestamp_seconds", target="nas") or 0.0
+
+    last = answered(exporter.metrics())
+    exporter.wait_for(lambda s: answered(s) > last, timeout=3, what="the mount watch to go on checking")
+    exporter.reload(config, CHECK + "targets:\n" + fuse_target("nas", lab.path) + fuse_target("nas2", other.path))
+    exporter.wait_for(lambda s: probes_done(s, "nas2", "write") >= 1, timeout=5, what="nas2 started by the reload")
+    # All of it while the create still sleeps: nas has not started.
+    assert time.monotonic() - begun < 7
+    assert probes_done(exporter.metrics(), "nas", "write") == 0
+    exporter.wait_for(
+        lambda s: responsive(s, "nas") == 1 and probes_done(s, "nas", "write") >= 3,
+        timeout=30,
+        what="nas started once its probe file is made",
+    )
+    assert lab.status()["counts"]["create"] == 1  # made once: the watch did not start a second making meanwhile
+    assert exporter.stop() == 0
 
 
 def test_a_target_flag_on_a_hung_mount_starts_and_waits_for_it(fuse_directory, start_exporter) -> None:

@@ -2,8 +2,9 @@
 
 A thread blocked in such a call cannot be interrupted or joined: it returns when the server does, maybe never.
 So each call runs in a daemon thread of its own, the caller waits for it up to a deadline, and at most one call
-per key (a target's directory) is outstanding: while one is, the next caller waits for that one's deadline and
-then gives up (Hung) without starting another, so a hung mount costs one thread, never one per check.
+per key (a mount, or a directory not resolved yet) is outstanding: while one is, the next caller waits for that
+one's deadline and then gives up (Hung) without starting another, so a hung mount costs one thread, never one
+per check.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from .osthread import name_this_thread
 
 T = TypeVar("T")
 
@@ -38,11 +41,19 @@ class Checks:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._outstanding: dict[str, float] = {}  # key -> when its call started
+        self._shared: dict[str, str] = {}  # a directory's key -> its mount's, once known (share())
         self._changed = threading.Condition()
+
+    def share(self, mounts: dict[str, str]) -> None:
+        """The mount of each directory key, as far as known: a call for the directory is then a call for its mount,
+        so resolving a directory on a mount whose check is outstanding waits on that check, not on a thread of its
+        own (a reload with dozens of directories on one hung server gives up once, not dozens of times)."""
+        with self._changed:
+            self._shared = dict(mounts)
 
     def outstanding_since(self, key: str) -> float | None:
         with self._changed:
-            return self._outstanding.get(key)
+            return self._outstanding.get(self._shared.get(key, key))
 
     def outstanding(self) -> int:
         with self._changed:
@@ -52,11 +63,13 @@ class Checks:
         """Start `function` in a thread unless a call of `key` is outstanding (False then); `done` gets its error
         (None on success) from that thread once it returns."""
         with self._changed:
+            key = self._shared.get(key, key)
             if key in self._outstanding:
                 return False
             self._outstanding[key] = self._clock()
 
         def run() -> None:
+            name_this_thread("mount check")  # `top -H` then counts what a hung mount holds
             error: BaseException | None = None
             try:
                 function()
@@ -75,6 +88,7 @@ class Checks:
         """`function()`'s result, or its exception; Hung if it (or the call of `key` already outstanding) does not
         return within `timeout` of its start. The caller never waits longer than about twice `timeout`."""
         with self._changed:
+            key = self._shared.get(key, key)
             since = self._outstanding.get(key)
             while since is not None:
                 left = since + timeout - self._clock()
@@ -101,6 +115,17 @@ class Checks:
         if errors:
             raise errors[0]
         return result[0]
+
+
+def log_failure(what: str) -> Callable[[BaseException | None], None]:
+    """A `done` for submit() whose call records its own outcome: what it raised is logged, so that no thread of a
+    call ends silently."""
+
+    def done(error: BaseException | None) -> None:
+        if error is not None:
+            log.error("%s failed: %r", what, error)
+
+    return done
 
 
 def answer(path: str) -> None:

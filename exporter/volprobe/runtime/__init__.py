@@ -94,6 +94,7 @@ class Exporter:
         self.mounts = MountWatch(self.probes, self.checks, self._resume)
         self.last_reload_successful = True
         self.last_reload_success_time = time.time()
+        self._stopping = threading.Event()  # no pending target starts from then on
 
     def start(self) -> None:
         resolved = targets_mod.resolve(self.config, self.host, checks=self.checks)
@@ -107,21 +108,32 @@ class Exporter:
         self.provider.start()
 
     def _resume(self, pending: ResolvedTarget) -> None:
-        """A directory that did not answer when it was resolved answers now: resolve and start it (from the mount
-        watch's thread). Another refusal (its directory is gone, say) is logged and it stays pending."""
+        """A directory that did not answer when it was resolved answers now (so says the mount watch): resolve,
+        prepare and start it in a thread of its own, one at a time per directory. Making its probe file writes to a
+        mount that may hang again meanwhile, so neither the watch nor a reload waits for it."""
+        done = mountcheck.log_failure(f"{pending.name}: starting it once its mount answered")
+        self.checks.submit(f"{pending.path} (resume)", lambda: self._resume_now(pending), done)
+
+    def _resume_now(self, pending: ResolvedTarget) -> None:
+        """_resume()'s thread: prepared outside the lock, started under it unless a reload replaced or changed the
+        target meanwhile (it is then let go, and the watch hands the current one over again), or the exporter
+        stops. Another refusal (its directory is gone, say) is logged and it stays pending."""
+        wanted, config = pending.config, self.config
+        try:
+            resolved = targets_mod.resolve(config, self.host, [wanted], checks=self.checks)
+            if any(t.pending for t in resolved):
+                return
+            targets_mod.prepare(self.host, resolved, strict=not config.builtin)
+        except ConfigError as err:
+            why = "; ".join(err.problems)
+            if why != pending.pending:
+                log.error("%s: its mount answers, but it cannot be probed: %s", pending.name, why)
+            pending.pending = why
+            return
         with self._lock:
-            if not any(t is pending for t in self.probes.targets()):
-                return  # a reload replaced it meanwhile
-            try:
-                resolved = targets_mod.resolve(self.config, self.host, [pending.config], checks=self.checks)
-                if any(t.pending for t in resolved):
-                    return
-                targets_mod.prepare(self.host, resolved, strict=not self.config.builtin)
-            except ConfigError as err:
-                why = "; ".join(err.problems)
-                if why != pending.pending:
-                    log.error("%s: its mount answers, but it cannot be probed: %s", pending.name, why)
-                pending.pending = why
+            current = any(t is pending for t in self.probes.targets()) and pending.config is wanted
+            if self._stopping.is_set() or not current:
+                targets_mod.close(resolved)
                 return
             self.probes.remove([pending], 0.0, "its mount answers")
             self._start_targets(resolved)
@@ -337,6 +349,12 @@ class Exporter:
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> list[str]:
         """Stop every worker; return the names of those still stuck in the kernel after `timeout`."""
         hung = self.mounts.hung()
+        # A pending target being started (_resume_now) finishes first, and none starts after; a lock held longer
+        # (a rescan opening a stalled device) is not waited for.
+        held = self._lock.acquire(timeout=1.0)
+        self._stopping.set()
+        if held:
+            self._lock.release()
         self.mounts.stop()
         self.follower.stop()
         self.provider.stop()

@@ -1,11 +1,11 @@
 """Whether each directory target's mount answers (`mount_check`): the mount watch.
 
 Every `interval` each directory target's directory is asked (statfs, then a stat) in a thread of its own
-(mountcheck.Checks: at most one outstanding per directory, so a hung server costs one thread, not one per
-check). A mount is responsive while its last check answered without error and no check has been outstanding
-longer than `timeout`. The watch itself never touches a filesystem, so neither do scrapes, which read its
-snapshot; a directory that did not answer when its target was resolved (`pending`) is handed to `resume`
-once it answers.
+(mountcheck.Checks: at most one outstanding per mount, which the targets on it share, so a hung server costs
+one thread, not one per check or per directory). A mount is responsive while its last check answered without
+error and no check has been outstanding longer than `timeout`. The watch itself never touches a filesystem, so
+neither do scrapes, which read its snapshot; a directory that did not answer when its target was resolved
+(`pending`) is handed to `resume` once it answers.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class MountWatch:
         self.resume = resume  # starts a pending target once its mount answers
         self.clock = clock
         self.config = MountCheckConfig()
-        self._mounts: dict[str, _Mount] = {}  # by directory
+        self._mounts: dict[str, _Mount] = {}  # by directory; their checks' threads by mount (_key)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._wake = threading.Event()
@@ -77,13 +77,15 @@ class MountWatch:
 
     def _round(self) -> None:
         directories = [t for t in self.probes.targets() if t.kind == "directory"]
+        self.checks.share({t.path: _key(t) for t in directories if t.mount is not None})
         with self._lock:
-            paths = {t.path for t in directories}
-            for gone in set(self._mounts) - paths:
+            for gone in set(self._mounts) - {t.path for t in directories}:
                 del self._mounts[gone]
+        by_mount: dict[str, list[str]] = {}
         for target in directories:
+            by_mount.setdefault(_key(target), []).append(target.path)
             state = self._state(target.path)
-            since = self._overdue(target.path, self.clock())
+            since = self._overdue(_key(target), self.clock())
             if since is not None and state.hung_since != since:
                 state.hung_since = since
                 log.warning(
@@ -91,40 +93,50 @@ class MountWatch:
                 )
             if target.pending and state.answered_at and not state.failed:
                 self.resume(target)  # resolves it again, with a deadline; starts it if that answers
-            self.checks.submit(target.path, functools.partial(mountcheck.answer, target.path), self._done(target.path))
+        for key, paths in by_mount.items():  # nothing started for a mount whose last check is still outstanding
+            self.checks.submit(
+                key, functools.partial(self._check, paths), mountcheck.log_failure(f"mount check of {key}")
+            )
+
+    def _check(self, paths: list[str]) -> None:
+        """One mount's check, in its thread: each of its directories asked in turn, each answer recorded."""
+        for path in dict.fromkeys(paths):
+            error: Exception | None = None
+            try:
+                mountcheck.answer(path)
+            except Exception as err:  # an answer too: recorded as the directory's failure
+                error = err
+            self._done(path, error)
 
     def _state(self, path: str) -> _Mount:
         with self._lock:
             return self._mounts.setdefault(path, _Mount())
 
-    def _done(self, path: str) -> Callable[[BaseException | None], None]:
-        def done(error: BaseException | None) -> None:
-            with self._lock:
-                state = self._mounts.get(path)
-                if state is None:
-                    return
-                previous = state.failed
-                if error is None:
-                    state.answered_at, state.failed = time.time(), ""
-                else:
-                    state.failed = str(error) or type(error).__name__
-            if error is not None and state.failed != previous:
-                log.warning("mount check of %s failed: %s", path, state.failed)
-            elif error is None and previous:
-                log.info("mount check of %s answers again", path)
+    def _done(self, path: str, error: BaseException | None) -> None:
+        with self._lock:
+            state = self._mounts.get(path)
+            if state is None:
+                return
+            previous = state.failed
+            if error is None:
+                state.answered_at, state.failed = time.time(), ""
+            else:
+                state.failed = str(error) or type(error).__name__
+        if error is not None and state.failed != previous:
+            log.warning("mount check of %s failed: %s", path, state.failed)
+        elif error is None and previous:
+            log.info("mount check of %s answers again", path)
 
-        return done
-
-    def _overdue(self, path: str, now: float) -> float | None:
-        """When the outstanding check of `path` started, if that is longer ago than the timeout: a hung mount."""
-        since = self.checks.outstanding_since(path)
+    def _overdue(self, key: str, now: float) -> float | None:
+        """When the outstanding check of mount `key` started, if that is longer ago than the timeout: hung."""
+        since = self.checks.outstanding_since(key)
         return since if since is not None and now - since > self.config.timeout else None
 
     def hung(self) -> frozenset[str]:
         """The directories whose check has been outstanding longer than the timeout."""
         now = self.clock()
         return frozenset(
-            t.path for t in self.probes.targets() if t.kind == "directory" and self._overdue(t.path, now) is not None
+            t.path for t in self.probes.targets() if t.kind == "directory" and self._overdue(_key(t), now) is not None
         )
 
     def readings(self) -> list[MountReading]:
@@ -135,7 +147,13 @@ class MountWatch:
                 continue
             with self._lock:
                 state = self._mounts.get(target.path, _Mount())
-            hung = self._overdue(target.path, now) is not None
+            hung = self._overdue(_key(target), now) is not None
             responsive = bool(state.answered_at) and not state.failed and not hung and not target.pending
             result.append(MountReading(target.name, target.device_name, responsive, state.answered_at))
         return result
+
+
+def _key(target: ResolvedTarget) -> str:
+    """The mount a target's checks are for: its mount point, shared by the targets on that mount; while its
+    mount is not known yet (pending: it did not answer when resolved), its directory."""
+    return target.mount.mount_point if target.mount is not None else target.path
