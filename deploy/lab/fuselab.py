@@ -234,6 +234,16 @@ def make_operations(backing: str, controls: Controls) -> Any:
         os.posix_fallocate(fh, offset, size)
         return 0
 
+    def readdir(path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
+        # With use_ino each entry carries its inode: readdir(3) skips an entry of inode 0 (a deleted one's mark).
+        directory = real(path)
+        here = os.lstat(directory)
+        with os.scandir(directory) as entries:
+            found = [(entry.name, entry.stat(follow_symlinks=False)) for entry in entries]
+        return [
+            (name, {"st_ino": st.st_ino, "st_mode": st.st_mode}, 0) for name, st in [(".", here), ("..", here), *found]
+        ]
+
     def access(path: str, amode: int) -> int:
         if not os.access(real(path), amode):
             raise OSError(errno.EACCES, os.strerror(errno.EACCES))
@@ -255,7 +265,7 @@ def make_operations(backing: str, controls: Controls) -> Any:
         "link": lambda target, source: os.link(real(source), real(target)),
         "mkdir": lambda path, mode: os.mkdir(real(path), mode),
         "rmdir": lambda path: os.rmdir(real(path)),
-        "readdir": lambda path, fh: [".", "..", *os.listdir(real(path))],
+        "readdir": readdir,
         "truncate": truncate,
         "chmod": lambda path, mode: os.chmod(real(path), mode),
         "chown": lambda path, uid, gid: os.chown(real(path), uid, gid, follow_symlinks=False),

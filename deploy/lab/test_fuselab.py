@@ -99,6 +99,18 @@ def test_latency_per_operation_and_o_direct(fuse_directory) -> None:
     os.close(fd)
 
 
+def test_a_directory_lists_what_its_backing_holds(fuse_directory) -> None:
+    """A listing through the mount is the backing directory's: volprobe lists a probe directory to clear the
+    temporaries of a crashed start (each entry needs its inode: readdir(3) skips inode 0, which hid them all)."""
+    lab = fuse_directory()
+    (lab.backing / "sub").mkdir()
+    for name in ("a", ".volprobe-probe.tmp.1.x", "sub/b"):
+        (lab.backing / name).write_bytes(b"x")
+    assert sorted(os.listdir(lab.path)) == sorted(os.listdir(lab.backing)) == [".volprobe-probe.tmp.1.x", "a", "sub"]
+    assert os.listdir(lab.path / "sub") == ["b"]
+    assert {e.name: e.inode() for e in os.scandir(lab.path)} == {e.name: e.inode() for e in os.scandir(lab.backing)}
+
+
 def test_stall_blocks_until_released_and_stop_cleans_up(fuse_directory) -> None:
     lab = fuse_directory()
     path = str(lab.path)
