@@ -308,6 +308,33 @@ def test_a_mount_check_is_hung_by_its_statfs_and_by_its_stat_each(fuse_directory
         checks.call(f"{op} answers", check, 5)
 
 
+def test_a_mount_whose_daemon_died_is_reported_failed_and_blocks_nothing(
+    tmp_path, fuse_directory, make_loop, start_exporter
+) -> None:
+    """A FUSE daemon gone answers every call at once with ENOTCONN, as NFS does ESTALE for a stale handle: not
+    hung but failed. The mount is reported unresponsive at its next check, its probes count the error, the other
+    target goes on, and a stop does not wait on it."""
+    lab = fuse_directory()
+    loop = make_loop(16 * MIB)
+    disk = f"  - {{name: disk, device: {loop}, probes: [{{op: read, interval: 100ms}}]}}\n"
+    exporter = start_exporter(
+        "--config", write_config(tmp_path, CHECK + "targets:\n" + fuse_target("nas", lab.path) + disk)
+    )
+    exporter.wait_for(lambda s: responsive(s, "nas") == 1 and probes_done(s, "nas", "write") >= 3, what="nas")
+    lab.process.kill()
+    lab.process.wait(5)
+    samples = exporter.wait_for(lambda s: responsive(s, "nas") == 0, timeout=5, what="the dead daemon's mount")
+    assert f"mount check of {lab.path} failed: [Errno {errno.ENOTCONN}]" in exporter.log()
+    reads = probes_done(samples, "disk")
+
+    def failed(samples) -> float:
+        return sample_value(samples, "volprobe_probe_errors_total", target="nas", op="write", errno="ENOTCONN") or 0
+
+    exporter.wait_for(lambda s: failed(s) >= 3 and probes_done(s, "disk") >= reads + 5, what="errors and reads")
+    assert responsive(exporter.metrics(), "nas") == 0
+    assert exporter.stop() == 0
+
+
 def test_a_target_flag_on_a_mount_that_answers_with_an_error_is_a_directory(fuse_directory, tmp_path) -> None:
     """A FUSE daemon gone (ENOTCONN), like a stale NFS handle, is a broken mount: `--target` makes the path a
     directory that waits for its mount, as a hung one does, not a device refused at start. What a stat says of
