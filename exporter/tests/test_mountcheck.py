@@ -62,7 +62,11 @@ def test_directories_shared_with_their_mount_wait_on_its_outstanding_call() -> N
     checks.share({"/nfs/a": "/nfs", "/nfs/b": "/nfs"})
     release = threading.Event()
     assert checks.submit("/nfs", release.wait, lambda error: None)
-    before = threading.active_count()
+
+    def nfs_threads() -> int:
+        return sum(t.name.startswith("mount check /nfs") for t in threading.enumerate())
+
+    assert nfs_threads() == 1
     with pytest.raises(mountcheck.Hung):
         checks.call("/nfs/a", lambda: "a", 0.05)
     for key in ("/nfs/a", "/nfs/b"):
@@ -70,11 +74,24 @@ def test_directories_shared_with_their_mount_wait_on_its_outstanding_call() -> N
         with pytest.raises(mountcheck.Hung, match="has not returned"):
             checks.call(key, lambda: "b", 0.05)
         assert not checks.submit(key, lambda: None, lambda error: None)
-    assert threading.active_count() == before
+    assert nfs_threads() == 1
     assert checks.call("/local", lambda: "local", 1.0) == "local"
     release.set()
     wait_until(lambda: checks.outstanding() == 0, 5)
     assert checks.call("/nfs/b", lambda: "b", 1.0) == "b"
+
+
+def test_a_call_renewed_is_late_from_its_last_progress_and_nothing_else_is_renewed() -> None:
+    now = [100.0]
+    checks = mountcheck.Checks(clock=lambda: now[0])
+    release = threading.Event()
+    checks.submit("/m", release.wait, lambda error: None)
+    now[0] = 105.0
+    checks.renew("/m")  # one directory of the mount answered at 105: the next one's deadline counts from there
+    checks.renew("/other")
+    assert checks.outstanding_since("/m") == 105.0 and checks.outstanding_since("/other") is None
+    release.set()
+    wait_until(lambda: checks.outstanding() == 0, 5)
 
 
 def test_mount_check_is_validated_and_named() -> None:

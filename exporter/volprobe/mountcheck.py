@@ -59,9 +59,23 @@ class Checks:
         with self._changed:
             return len(self._outstanding)
 
-    def submit(self, key: str, function: Callable[[], object], done: Callable[[BaseException | None], None]) -> bool:
-        """Start `function` in a thread unless a call of `key` is outstanding (False then); `done` gets its error
-        (None on success) from that thread once it returns."""
+    def renew(self, key: str) -> None:
+        """The outstanding call of `key` made progress: its deadline counts from now (a call that asks several
+        directories in turn is late only if one of them is)."""
+        with self._changed:
+            key = self._shared.get(key, key)
+            if key in self._outstanding:
+                self._outstanding[key] = self._clock()
+
+    def submit(
+        self,
+        key: str,
+        function: Callable[[], object],
+        done: Callable[[BaseException | None], None],
+        name: str = "mount check",
+    ) -> bool:
+        """Start `function` in a thread named `name` (for `top -H`) unless a call of `key` is outstanding (False
+        then); `done` gets its error (None on success) from that thread once it returns."""
         with self._changed:
             key = self._shared.get(key, key)
             if key in self._outstanding:
@@ -69,7 +83,7 @@ class Checks:
             self._outstanding[key] = self._clock()
 
         def run() -> None:
-            name_this_thread("mount check")  # `top -H` then counts what a hung mount holds
+            name_this_thread(name)  # `top -H` then counts what a hung mount holds
             error: BaseException | None = None
             try:
                 function()
@@ -81,7 +95,7 @@ class Checks:
                     self._changed.notify_all()
             done(error)
 
-        threading.Thread(target=run, name=f"mount check {key}", daemon=True).start()
+        threading.Thread(target=run, name=f"{name} {key}", daemon=True).start()
         return True
 
     def call(self, key: str, function: Callable[[], T], timeout: float) -> T:

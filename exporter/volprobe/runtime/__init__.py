@@ -25,7 +25,7 @@ from typing import Protocol
 
 from .. import __version__, capabilities, diskstats, mountcheck, supervise
 from .. import targets as targets_mod
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, TargetConfig
 from ..discovery import BlockDevice, Host
 from ..diskstats import DiskStats
 from ..probe import TIMER
@@ -111,8 +111,10 @@ class Exporter:
         """A directory that did not answer when it was resolved answers now (so says the mount watch): resolve,
         prepare and start it in a thread of its own, one at a time per directory. Making its probe file writes to a
         mount that may hang again meanwhile, so neither the watch nor a reload waits for it."""
+        if self._stopping.is_set():
+            return
         done = mountcheck.log_failure(f"{pending.name}: starting it once its mount answered")
-        self.checks.submit(f"{pending.path} (resume)", lambda: self._resume_now(pending), done)
+        self.checks.submit(f"{pending.path} (resume)", lambda: self._resume_now(pending), done, name="target start")
 
     def _resume_now(self, pending: ResolvedTarget) -> None:
         """_resume()'s thread: prepared outside the lock, started under it unless a reload replaced or changed the
@@ -121,8 +123,8 @@ class Exporter:
         wanted, config = pending.config, self.config
         try:
             resolved = targets_mod.resolve(config, self.host, [wanted], checks=self.checks)
-            if any(t.pending for t in resolved):
-                return
+            if any(t.pending for t in resolved) or not self._current(pending, wanted):
+                return  # nothing made: still pending, or replaced, or the exporter stops
             targets_mod.prepare(self.host, resolved, strict=not config.builtin)
         except ConfigError as err:
             why = "; ".join(err.problems)
@@ -131,12 +133,18 @@ class Exporter:
             pending.pending = why
             return
         with self._lock:
-            current = any(t is pending for t in self.probes.targets()) and pending.config is wanted
-            if self._stopping.is_set() or not current:
-                targets_mod.close(resolved)
-                return
-            self.probes.remove([pending], 0.0, "its mount answers")
-            self._start_targets(resolved)
+            started = self._current(pending, wanted)
+            if started:
+                self.probes.remove([pending], 0.0, "its mount answers")
+                self._start_targets(resolved)
+        if not started:
+            targets_mod.close(resolved)  # outside the lock: a close on a network filesystem can block
+
+    def _current(self, pending: ResolvedTarget, wanted: TargetConfig) -> bool:
+        """Whether a pending target is still to be started as `wanted`: neither replaced nor changed by a reload
+        (which gives kept targets equal configurations), nor the exporter stopping."""
+        running = any(t is pending for t in self.probes.targets())
+        return running and pending.config == wanted and not self._stopping.is_set()
 
     def _start_targets(self, resolved: list[ResolvedTarget]) -> None:
         new = self.probes.add(resolved, self.config.window, self.config.buckets, self.state)

@@ -95,11 +95,12 @@ class MountWatch:
                 self.resume(target)  # resolves it again, with a deadline; starts it if that answers
         for key, paths in by_mount.items():  # nothing started for a mount whose last check is still outstanding
             self.checks.submit(
-                key, functools.partial(self._check, paths), mountcheck.log_failure(f"mount check of {key}")
+                key, functools.partial(self._check, key, paths), mountcheck.log_failure(f"mount check of {key}")
             )
 
-    def _check(self, paths: list[str]) -> None:
-        """One mount's check, in its thread: each of its directories asked in turn, each answer recorded."""
+    def _check(self, key: str, paths: list[str]) -> None:
+        """One mount's check, in its thread: each of its directories asked in turn, each answer recorded. A
+        directory that hangs holds the rest, so the whole mount shows hung: one thread a mount is the price."""
         for path in dict.fromkeys(paths):
             error: Exception | None = None
             try:
@@ -107,6 +108,7 @@ class MountWatch:
             except Exception as err:  # an answer too: recorded as the directory's failure
                 error = err
             self._done(path, error)
+            self.checks.renew(key)  # the next directory's deadline is its own
 
     def _state(self, path: str) -> _Mount:
         with self._lock:
@@ -154,6 +156,7 @@ class MountWatch:
 
 
 def _key(target: ResolvedTarget) -> str:
-    """The mount a target's checks are for: its mount point, shared by the targets on that mount; while its
-    mount is not known yet (pending: it did not answer when resolved), its directory."""
+    """The mount a target's checks are for: its mount point (as resolved), shared by the targets on that mount.
+    While its mount is not known yet (pending: it did not answer when resolved), its directory: each such
+    directory holds a thread of its own until its mount answers."""
     return target.mount.mount_point if target.mount is not None else target.path
