@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import subprocess
 import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -272,3 +274,33 @@ def test_a_device_that_changes_size_stops_its_writes(raw_target):
         os.close(fd)
     with pytest.raises(Refused, match="changed size"):  # and a reopen refuses it too
         os.close(io.open())
+
+
+def test_the_leftover_sweep_of_a_directory_of_200000_names_is_lazy_and_bounded(tmp_path, caplog):
+    """A probe directory someone filled with 200,000 names (a tmpfs of this test's own): the sweep for leftover
+    temporaries reads it lazily, so its memory does not grow with the directory (listing it whole took 13 MiB),
+    and stops after probefile.SWEEP_LIMIT names, saying so."""
+    data = tmp_path / "data"
+    data.mkdir()
+    run("mount", "-t", "tmpfs", "-o", "size=64m,nr_inodes=400k", "volprobe-sweep", str(data))
+    try:
+        fd = os.open(data, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for index in range(200_000):
+                os.mknod(f"name-{index:06d}", dir_fd=fd)
+        finally:
+            os.close(fd)
+        directory = probefile.ProbeDirectory(str(data))
+        tracemalloc.start()
+        try:
+            with caplog.at_level(logging.INFO, logger="volprobe.probefile"):
+                removed = probefile.clear_leftover_temporaries(directory, PROBE_FILE_NAME)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            directory.release()
+        assert removed == []
+        assert peak < 1 * MIB, f"the sweep took {peak / MIB:.1f} MiB"
+        assert f"among its first {probefile.SWEEP_LIMIT} names only" in caplog.text
+    finally:
+        run("umount", str(data))

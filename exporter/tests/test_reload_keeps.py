@@ -140,3 +140,55 @@ def test_a_changed_web_config_restarts_no_probe(tmp_path, make_loop, start_expor
     assert probes_done(exporter.metrics(), "a") >= before
     assert "stopped probing" not in exporter.log()
     assert exporter.stop() == 0
+
+
+def test_a_changed_probe_of_a_directory_restarts_alone(tmp_path, make_loop, mount_fs, start_exporter):
+    """Issue 41: only the commit probe's interval changes. Its read and write probes run on, their counts going on
+    from where they were; the commit probe alone restarts, and the log names it probes[2], as the file does."""
+    directory = mount_fs(make_loop(64 * MIB))
+    probes = "[{op: read, interval: 50ms}, {op: write, interval: 50ms}, {op: commit, interval: 50ms}]"
+    text = f"targets:\n  - {{name: d, directory: {directory}, probe_file_size: 8MiB, probes: {probes}}}\n"
+    config = tmp_path / "volprobe.yml"
+    config.write_text(text)
+    exporter = start_exporter("--config", str(config))
+    ops = ("read", "write", "commit")
+    exporter.wait_for(lambda s: all(probes_done(s, "d", op) >= 20 for op in ops), what="the three probes")
+    before = exporter.metrics()
+    exporter.reload(config, text.replace("{op: commit, interval: 50ms}", "{op: commit, interval: 40ms}"))
+    after = exporter.metrics()
+    for op in ("read", "write"):
+        assert probes_done(after, "d", op) >= probes_done(before, "d", op), f"the {op} probe restarted"
+    assert sample_value(after, "volprobe_probe_interval_seconds", target="d", op="commit") == 0.04
+    assert sample_value(after, "volprobe_probe_interval_seconds", target="d", op="read") == 0.05
+    log = exporter.log()
+    assert f"stopped probing d ({directory}) with commit: probes[2].interval: 0.05 -> 0.04" in log
+    assert "1 kept, 0 added, 0 removed, 0 restarted; 1 probes of kept targets changed" in log
+    assert f"stopped probing d ({directory}):" not in log and "with read:" not in log and "with write:" not in log
+    # The counts go on: the read and write probes' histograms are the ones that ran before the reload.
+    exporter.wait_for(
+        lambda s: all(probes_done(s, "d", op) > probes_done(after, "d", op) for op in ops), what="the probes going on"
+    )
+    assert exporter.stop() == 0
+
+
+def test_probes_added_and_removed_by_a_reload_leave_the_others_running(tmp_path, make_loop, mount_fs, start_exporter):
+    """A metadata probe added to a running directory target gets its directory made and checked as at start; the
+    removed write probe's series go; the read probe runs on, its count going on."""
+    directory = mount_fs(make_loop(64 * MIB))
+    text = (
+        f"targets:\n  - {{name: d, directory: {directory}, probe_file_size: 8MiB, "
+        "probes: [{op: read, interval: 50ms}, {op: write, interval: 50ms}]}\n"
+    )
+    config = tmp_path / "volprobe.yml"
+    config.write_text(text)
+    exporter = start_exporter("--config", str(config))
+    before = exporter.wait_for(lambda s: probes_done(s, "d", "write") >= 20, what="the probes")
+    exporter.reload(config, text.replace("{op: write, interval: 50ms}", "{op: metadata, interval: 50ms}"))
+    after = exporter.wait_for(lambda s: probes_done(s, "d", "metadata") >= 5, what="the added metadata probe")
+    assert probes_done(after, "d", "read") >= probes_done(before, "d", "read"), "the read probe restarted"
+    assert probes_done(after, "d", "write") == 0, "the removed write probe's series remain"
+    assert os.path.isdir(os.path.join(directory, ".volprobe-metadata"))
+    log = exporter.log()
+    assert f"stopped probing d ({directory}) with write: probes[1] (write): removed" in log
+    assert "2 probes of kept targets changed" in log
+    assert exporter.stop() == 0

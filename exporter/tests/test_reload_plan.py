@@ -35,18 +35,69 @@ def test_defaults_that_do_not_change_a_probe_keep_it():
     assert len(plan.keep) == 1 and not plan.start and not plan.stop
 
 
-def test_a_changed_probe_restarts_and_says_which_key_changed():
+def test_a_changed_probe_restarts_alone_and_says_which_key_changed():
     before = {"name": "a", "device": "/dev/loop7", "probes": [{"op": "read", "interval": "1s"}]}
     after = {"name": "a", "device": "/dev/loop7", "probes": [{"op": "read", "interval": "2s"}]}
-    plan = reload.plan(resolved({"targets": [before]}), resolved({"targets": [after]}))
-    assert not plan.keep and [t.name for t in plan.start] == ["a"] and [t.name for t in plan.stop] == ["a"]
-    assert plan.why["a"] == "probes[0].interval: 1.0 -> 2.0"
+    running = resolved({"targets": [before]})
+    plan = reload.plan(running, resolved({"targets": [after]}))
+    assert [old for old, _ in plan.keep] == running and not plan.start and not plan.stop
+    (probes,) = plan.probes
+    assert probes.running is running[0] and probes.why == {"read": "probes[0].interval: 1.0 -> 2.0"}
+    assert probes.stopping == {"read"} and [p.interval for p in probes.starting] == [2.0]
 
 
 def test_a_default_that_changes_a_probe_restarts_it():
     target = {"name": "a", "device": "/dev/loop7"}
     plan = reload.plan(resolved({"targets": [target]}), resolved({"defaults": {"revisit": 0.5}, "targets": [target]}))
-    assert plan.why["a"] == "probes[0].revisit: 0.25 -> 0.5"
+    assert [p.why for p in plan.probes] == [{"read": "probes[0].revisit: 0.25 -> 0.5"}]
+
+
+def test_one_changed_probe_of_a_directory_restarts_alone_named_by_its_index_in_the_file():
+    # Issue 41: only the commit probe's interval changes. The read and write probes are kept, and the commit probe
+    # is named as the file writes it (probes[2]), not by its place among the probes sorted by op (probes[0]).
+    probes = [{"op": "read"}, {"op": "write"}, {"op": "commit", "interval": "1s"}]
+    before = {"name": "d", "directory": "/srv/d", "probes": probes}
+    after = {**before, "probes": [*probes[:2], {"op": "commit", "interval": "2s"}]}
+    plan = reload.plan(resolved({"targets": [before]}), resolved({"targets": [after]}))
+    assert len(plan.keep) == 1 and not plan.start and not plan.stop
+    (changed,) = plan.probes
+    assert changed.why == {"commit": "probes[2].interval: 1.0 -> 2.0"}
+    assert changed.stopping == {"commit"} and [p.key for p in changed.starting] == ["targets[0].probes[2]"]
+
+
+def test_added_and_removed_probes_start_and_stop_alone():
+    before = {"name": "d", "directory": "/srv/d", "probes": [{"op": "read"}, {"op": "write"}]}
+    after = {**before, "probes": [{"op": "write"}, {"op": "metadata"}]}
+    plan = reload.plan(resolved({"targets": [before]}), resolved({"targets": [after]}))
+    assert len(plan.keep) == 1 and not plan.start and not plan.stop
+    (changed,) = plan.probes
+    assert changed.why == {"metadata": "probes[1] (metadata): added", "read": "probes[0] (read): removed"}
+    assert changed.stopping == {"read"} and [p.op for p in changed.starting] == ["metadata"]
+
+
+def test_a_restarted_target_names_its_probes_by_their_index_in_the_file():
+    probes = [{"op": "read"}, {"op": "write"}, {"op": "commit", "interval": "1s"}]
+    before = {"name": "d", "directory": "/srv/d", "probes": probes}
+    after = {**before, "probe_file_size": "32MiB", "probes": [*probes[:2], {"op": "commit", "interval": "2s"}]}
+    plan = reload.plan(resolved({"targets": [before]}), resolved({"targets": [after]}))
+    assert not plan.keep and not plan.probes
+    assert plan.why["d"] == "probe_file_size: 67108864 -> 33554432; probes[2].interval: 1.0 -> 2.0"
+
+
+def test_a_raw_write_probe_change_restarts_its_device_target():
+    # A raw device's write probe holds it with O_EXCL: its successor opens the device once the target let go.
+    before = {
+        "name": "a",
+        "device": "/dev/loop7",
+        "allow_raw_writes": True,
+        "probes": [{"op": "write"}, {"op": "read"}],
+    }
+    after = {**before, "probes": [{"op": "write", "interval": "2s"}, {"op": "read"}]}
+    plan = reload.plan(resolved({"targets": [before]}), resolved({"targets": [after]}))
+    assert not plan.keep and plan.why == {"a": "probes[0].interval: 1.0 -> 2.0"}
+    read_only = {**before, "probes": [{"op": "write"}, {"op": "read", "interval": "2s"}]}
+    plan = reload.plan(resolved({"targets": [before]}), resolved({"targets": [read_only]}))
+    assert len(plan.keep) == 1 and [p.why for p in plan.probes] == [{"read": "probes[1].interval: 1.0 -> 2.0"}]
 
 
 def test_a_replaced_device_restarts_the_target():

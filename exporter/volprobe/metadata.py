@@ -57,7 +57,8 @@ def _judge(fd: int, directory: ProbeDirectory) -> os.stat_result:
 
 def _open(directory: ProbeDirectory) -> int:
     flags = os.O_RDONLY | os.O_DIRECTORY
-    return open_no_link(NAME, flags, directory.open(), f"{directory.path}/{NAME}")
+    with directory.held() as dir_fd:
+        return open_no_link(NAME, flags, dir_fd, f"{directory.path}/{NAME}")
 
 
 def _read_id(fd: int) -> str | None:
@@ -113,7 +114,11 @@ def recheck(directory: ProbeDirectory, fd: int) -> None:
 
 def ensure(directory: ProbeDirectory) -> DirectoryPin:
     """Make the subdirectory if it does not exist yet, judge it, clear leftovers; it pins later opens."""
-    dir_fd = directory.open()
+    with directory.held() as dir_fd:  # open throughout, whatever a running probe lets go of meanwhile
+        return _ensure(directory, dir_fd)
+
+
+def _ensure(directory: ProbeDirectory, dir_fd: int) -> DirectoryPin:
     made = False
     try:
         os.mkdir(NAME, _MODE, dir_fd=dir_fd)

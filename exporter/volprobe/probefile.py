@@ -20,21 +20,29 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import mmap
 import os
 import stat
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from .safety import Refused
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"VOLPROBE PROBE FILE v1\n"
 HEADER_BYTES = 64 * 1024
 _HEADER_READ = 4096  # the header's JSON fits in the first page; one page is also O_DIRECT's alignment
 _CHUNK = 1024 * 1024
 _SAFE_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Entries of a probe directory looked at for leftover temporaries, at most: a directory of millions of names
+# (someone else's data) would otherwise hold up every start of its target.
+SWEEP_LIMIT = 100_000
 
 
 class ProbeFileError(Exception):
@@ -63,14 +71,29 @@ class DirectoryIdentity:
 class ProbeDirectory:
     """A target directory, held by descriptor while its probes run. On EROFS or a vanished mount it is let go
     (release()), so an operator can unmount and fsck; the next open() must find the same directory (device,
-    inode and filesystem id) at the path, or is refused."""
+    inode and filesystem id) at the path, or is refused.
 
-    def __init__(self, path: str) -> None:
-        self.path = os.path.realpath(path)  # resolved once: later swaps of a component cannot redirect it
+    Its probes' threads share the one descriptor: each uses it inside held(), and release() leaves a descriptor
+    in use to its last user to close, so a thread that lets go never closes it under another (whose open at
+    that number could otherwise land in whatever the number is reused for)."""
+
+    def __init__(self, path: str, identity: DirectoryIdentity | None = None) -> None:
+        """Resolve `path` (once) and fix its identity; with `identity`, a directory resolved before (again())."""
         self._fd: int | None = None
-        self.identity: DirectoryIdentity | None = None
+        self._users: dict[int, int] = {}  # descriptor -> threads using it (held())
+        self._lock = threading.Lock()
+        self.identity = identity
+        if identity is not None:
+            self.path = path
+            return
+        self.path = os.path.realpath(path)  # resolved once: later swaps of a component cannot redirect it
         self.open()  # fixes the identity; resolving only reads, so let go until the target starts
         self.release()
+
+    def again(self) -> ProbeDirectory:
+        """The same directory for another holder (a target restarted by a reload), not open yet: its first open
+        must recognise it at the path first resolved, or is refused. It is never resolved by name again."""
+        return ProbeDirectory(self.path, self.identity)
 
     @property
     def st_dev(self) -> int:
@@ -79,26 +102,82 @@ class ProbeDirectory:
         return self.identity.device
 
     def open(self) -> int:
+        """The directory's descriptor, opened (by the path, then recognised by identity) if it was let go. A
+        thread beside the probes' should use held()."""
+        with self._lock:
+            return self._open()
+
+    def _open(self) -> int:
         if self._fd is None:
-            fd = open_no_link(self.path, os.O_RDONLY | os.O_DIRECTORY)
-            st, vfs = os.fstat(fd), os.fstatvfs(fd)
-            found = DirectoryIdentity(st.st_dev, st.st_ino, vfs.f_fsid)
-            if self.identity is not None and found != self.identity:
-                os.close(fd)
-                raise Refused(f"is no longer the directory the target was configured with ({found})", self.path)
-            self.identity, self._fd = found, fd
+            self._fd = self._recognise()
         return self._fd
 
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
+    def _recognise(self) -> int:
+        """Open the path and check that it is still the directory first found there; Refused if not."""
+        fd = open_no_link(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            st, vfs = os.fstat(fd), os.fstatvfs(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        found = DirectoryIdentity(st.st_dev, st.st_ino, vfs.f_fsid)
+        if self.identity is not None and found != self.identity:
+            os.close(fd)
+            raise Refused(f"is no longer the directory the target was configured with ({found})", self.path)
+        self.identity = found
+        return fd
+
+    @contextlib.contextmanager
+    def held(self, keep: bool = True) -> Iterator[int]:
+        """The directory's descriptor, open until the block ends whatever another thread lets go of meanwhile.
+        One let go of is opened again (and recognised); with keep=False, only for the block: a mount check must
+        not hold what an unmount needs."""
+        with self._lock:
+            fd = self._fd if self._fd is not None or not keep else self._open()
+            if fd is not None:
+                self._users[fd] = self._users.get(fd, 0) + 1
+        if fd is None:
+            fd = self._recognise()
+            try:
+                yield fd
+            finally:
                 os.close(fd)
+            return
+        try:
+            yield fd
+        finally:
+            with self._lock:
+                self._users[fd] -= 1
+                last = not self._users[fd]
+                if last:
+                    del self._users[fd]
+                close = last and fd != self._fd  # let go of meanwhile: its last user closes it
+            if close:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def release(self) -> None:
+        """Let go of the directory: closed now, or by the last thread still using it (held())."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+            if fd is None or fd in self._users:
+                return
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+    def answer(self) -> None:
+        """A mount check of the directory held, not of its name (a symlink or a mount put over the name would
+        answer for something else): fstatvfs and fstat of its descriptor. One let go of is recognised first
+        and not kept open. Raises what they raise."""
+        with self.held(keep=False) as fd:
+            os.fstatvfs(fd)
+            os.fstat(fd)
 
     def open_file(self, name: str, flags: int, size: int, identity: FileIdentity | None = None) -> int:
         """Open `name` in the directory with `flags` and judge the descriptor (see judge()); with `identity`,
         it must be that very file. Refused (closed unwritten) otherwise."""
-        fd = open_no_link(name, flags, self.open(), f"{self.path}/{name}")
+        with self.held() as dir_fd:
+            fd = open_no_link(name, flags, dir_fd, f"{self.path}/{name}")
         try:
             self.check(fd, name, size, identity)
             os.set_blocking(fd, True)  # O_NONBLOCK only kept a FIFO from blocking the open
@@ -126,7 +205,8 @@ class ProbeDirectory:
 
     def identify(self, name: str, size: int) -> FileIdentity:
         """The identity of the probe file `name`, judged read-only; Refused, or FileNotFoundError."""
-        fd = open_no_link(name, os.O_RDONLY, self.open(), f"{self.path}/{name}")
+        with self.held() as dir_fd:
+            fd = open_no_link(name, os.O_RDONLY, dir_fd, f"{self.path}/{name}")
         try:
             return judge(fd, size, self.st_dev, f"{self.path}/{name}")
         finally:
@@ -229,7 +309,11 @@ def ensure(directory: ProbeDirectory, name: str, size: int, fill: bool = True) -
     fill: random data throughout, so that block allocation never pollutes the probes' latency. Without it (a
     commit log) the blocks past the header are only preallocated, as etcd's WAL and fio's write jobs do: each
     commit's fdatasync then converts the extents it wrote, as theirs do."""
-    dir_fd = directory.open()
+    with directory.held() as dir_fd:  # open throughout, whatever a running probe lets go of meanwhile
+        return _ensure(directory, dir_fd, name, size, fill)
+
+
+def _ensure(directory: ProbeDirectory, dir_fd: int, name: str, size: int, fill: bool) -> FileIdentity:
     try:
         return directory.identify(name, size)
     except FileNotFoundError:
@@ -298,15 +382,28 @@ def _identify_made(directory: ProbeDirectory, name: str, size: int, settle: floa
             time.sleep(0.02)
 
 
-def clear_leftover_temporaries(directory: ProbeDirectory, name: str) -> list[str]:
+def _leftover_names(dir_fd: int, prefix: str, limit: int, path: str) -> Iterator[str]:
+    """Names in the directory open on `dir_fd` that start with `prefix`, read lazily (a directory of millions of
+    names costs no more memory than one of ten), among its first `limit` entries: the rest is left unread."""
+    examined = 0
+    with os.scandir(dir_fd) as entries:
+        for entry in entries:
+            if examined == limit:
+                log.info("%s: looked for leftover temporaries among its first %d names only", path, limit)
+                return
+            examined += 1
+            if entry.name.startswith(prefix):
+                yield entry.name
+
+
+def clear_leftover_temporaries(directory: ProbeDirectory, name: str, limit: int = SWEEP_LIMIT) -> list[str]:
     """Remove the temporary files of creations interrupted by a crash, and say which: ours by name, owner and
-    header, and no longer locked by their creator. Each is judged through a descriptor opened without following
-    links or blocking on FIFOs, and removed while its lock is held, only if the name still leads to it."""
+    header, and no longer locked by their creator, among the directory's first `limit` entries. Each is judged
+    through a descriptor opened without following links or blocking on FIFOs, and removed while its lock is
+    held, only if the name still leads to it."""
     dir_fd = directory.open()
     removed = []
-    for entry in os.listdir(dir_fd):
-        if not entry.startswith(f"{name}.tmp."):
-            continue
+    for entry in _leftover_names(dir_fd, f"{name}.tmp.", limit, directory.path):
         try:
             fd = os.open(entry, os.O_RDONLY | _SAFE_OPEN, dir_fd=dir_fd)
         except OSError:

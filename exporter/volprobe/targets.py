@@ -9,6 +9,7 @@ safety.check_raw_descriptor), never on the name it was opened by.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -155,32 +156,55 @@ def _resolve_device(host: Host, target: TargetConfig, problems: list[str]) -> Re
     return ResolvedTarget(target, target.name or device.name, "device", path, device, host.leaf_disks(device.name))
 
 
-def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) -> ResolvedTarget | None:
+def _resolve_directory(
+    host: Host, target: TargetConfig, problems: list[str], held: probefile.ProbeDirectory | None = None
+) -> ResolvedTarget | None:
+    """A directory target's checks. With `held` (the directory a running target of that path holds, at a reload):
+    that directory, asked through its descriptor (its filesystem, mount and device), not whatever the name leads
+    to now; one let go of must be recognised at its path, or the target is refused."""
+    if held is None:
+        return _resolve_directory_at(host, target, problems, target.directory or "", None)
+    try:
+        with held.held(keep=False) as fd:
+            return _resolve_directory_at(host, target, problems, f"/proc/self/fd/{fd}", held.again())
+    except OSError as err:
+        why = f"{err.strerror}" if isinstance(err, Refused) else f"cannot be opened: {err.strerror}"
+        problems.append(f"{target.key}.directory: {held.path} {why}")
+        return None
+
+
+def _resolve_directory_at(
+    host: Host, target: TargetConfig, problems: list[str], where: str, probe_dir: probefile.ProbeDirectory | None
+) -> ResolvedTarget | None:
+    """_resolve_directory() of the directory at `where`: the configured path, or a held descriptor's
+    /proc/self/fd/N with its ProbeDirectory."""
     path = target.directory or ""
     key = f"{target.key}.directory"
-    if not os.path.isdir(path):
+    if not os.path.isdir(where):
         problems.append(f"{key}: {path} is not a directory")
         return None
-    mount = host.mount_for_path(path)
+    mount = host.mount_for_path(where)
     if mount and mount.fstype in REFUSED_FILESYSTEMS:
         problems.append(f"{key}: {path} is on {mount.fstype}, {REFUSED_FILESYSTEMS[mount.fstype]}")
         return None
-    name = host.device_for_path(path)
+    name = host.device_for_path(where)
     device = host.device(name) if name else None
     # None: an anonymous st_dev (major 0) that no mount source names, as on NFS, CephFS, SMB or FUSE. Probed
     # through its probe file alone: writes and reads both, with no diskstats, throttle or provider statistics.
-    if not os.access(path, os.W_OK):
+    if not os.access(where, os.W_OK):
         problems.append(f"{key}: {path} is not writable by this user; the probe file cannot be created")
+    if probe_dir is not None:
+        # Held by a running target: its files are judged where they are opened, through the descriptor (and
+        # prepare() refuses a new one's as it would have here), never by the name of the directory.
+        return _resolved_directory(host, target, problems, mount, device, probe_dir)
     try:
         probe_dir = probefile.ProbeDirectory(path)
     except OSError as err:
         problems.append(f"{key}: {path} cannot be opened: {err.strerror}")
         return None
-    probe_path = os.path.join(probe_dir.path, PROBE_FILE_NAME)
     problem = probefile.check_existing(probe_dir, PROBE_FILE_NAME, target.probe_file_size)
     if problem:
         problems.append(f"{target.key}.probe_file_size: {problem}")
-    file_region = target.probe_file_size - probefile.HEADER_BYTES
     for probe in target.probes:
         if probe.kind is ops.COMMIT:
             problem = probefile.check_existing(probe_dir, probe.kind.file, target.probe_file_size)
@@ -190,6 +214,21 @@ def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) ->
             continue
         if problem:
             problems.append(f"{probe.key}.op: {problem}")
+    return _resolved_directory(host, target, problems, mount, device, probe_dir)
+
+
+def _resolved_directory(
+    host: Host,
+    target: TargetConfig,
+    problems: list[str],
+    mount: Mount | None,
+    device: BlockDevice | None,
+    probe_dir: probefile.ProbeDirectory,
+) -> ResolvedTarget:
+    """The directory target found, once its block sizes are checked against where its probes read and write."""
+    path = target.directory or ""
+    probe_path = os.path.join(probe_dir.path, PROBE_FILE_NAME)
+    file_region = target.probe_file_size - probefile.HEADER_BYTES
     for probe in target.probes:
         if device is None:
             # No logical block size to read: O_DIRECT's alignment on such filesystems is the page at most; its
@@ -215,14 +254,19 @@ def _resolve_directory(host: Host, target: TargetConfig, problems: list[str]) ->
 
 
 def _resolve_with_deadline(
-    host: Host, target: TargetConfig, problems: list[str], checks: mountcheck.Checks, timeout: float
+    host: Host,
+    target: TargetConfig,
+    problems: list[str],
+    checks: mountcheck.Checks,
+    timeout: float,
+    held: probefile.ProbeDirectory | None = None,
 ) -> ResolvedTarget | None:
     """A directory resolved in a thread of its own (it may be on a mount that hangs): one that does not answer
     within `timeout` is not refused but pending, probed once its mount answers (runtime.mounts)."""
     path = target.directory or ""
     found: list[str] = []
     try:
-        resolved = checks.call(path, lambda: _resolve_directory(host, target, found), timeout)
+        resolved = checks.call(path, lambda: _resolve_directory(host, target, found, held), timeout)
     except mountcheck.Hung as hung:
         log.warning("%s: %s does not answer (%s): probed once its mount answers", target.key, path, hung)
         pending = ResolvedTarget(target, target.name or path, "directory", path, None, [], pending=str(hung))
@@ -237,9 +281,13 @@ def resolve(
     host: Host,
     targets: list[TargetConfig] | None = None,
     checks: mountcheck.Checks | None = None,
+    held: dict[str, probefile.ProbeDirectory] | None = None,
 ) -> list[ResolvedTarget]:
     """Resolve the config's targets (or the default set); ConfigError lists every problem. With `checks`, each
-    directory is resolved with the deadline of config.mount_check (see _resolve_with_deadline)."""
+    directory is resolved with the deadline of config.mount_check (see _resolve_with_deadline). `held`: the
+    directories running targets hold, by configured path, resolved when they started: a reload asks those
+    (see _resolve_directory), never the names again."""
+    held = held or {}
     chosen = list(config.targets) if targets is None else targets
     if targets is None and config.builtin:
         chosen = default_config_targets(host)
@@ -247,9 +295,12 @@ def resolve(
     resolved: list[ResolvedTarget] = []
     for target in chosen:
         if target.directory and checks is not None:
-            found = _resolve_with_deadline(host, target, problems, checks, config.mount_check.timeout)
+            timeout = config.mount_check.timeout
+            found = _resolve_with_deadline(host, target, problems, checks, timeout, held.get(target.directory))
+        elif target.directory:
+            found = _resolve_directory(host, target, problems, held.get(target.directory))
         else:
-            found = (_resolve_directory if target.directory else _resolve_device)(host, target, problems)
+            found = _resolve_device(host, target, problems)
         if found is not None:
             found.host = host
             resolved.append(found)
@@ -331,47 +382,74 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
     warnings: list[str] = []
     problems: list[str] = []
     for target in resolved:
-        if target.pending:
-            continue  # nothing to open until its mount answers
-        if target.kind == "directory":
-            refused = _choose_read_source(target)
-            if refused:
-                problems += refused
-                continue
-        if target.kind == "directory":
-            refused = _prepare_files(target)
-            if refused:
-                problems += refused
-                continue
-        for probe in target.probes:
-            io = io_target(host, target, probe)
-            try:
-                fd = io.open()  # reads open per probe later; opening now checks access before anything starts
-                if probe.kind.writes:
-                    target.fds[probe.op] = fd
-                else:
-                    os.close(fd)
-            except OSError as err:
-                message = f"{probe.key}: cannot open {io.path}: {err.strerror or err}"
-                (warnings if not strict and not probe.kind.writes else problems).append(message)
+        if not target.pending:  # nothing to open until its mount answers
+            problems += _prepare_probes(host, target, target.probes, target.needs_probe_file, strict, warnings)
     if problems:
         close(resolved)
         raise ConfigError(problems)
     return warnings
 
 
-def _prepare_files(target: ResolvedTarget) -> list[str]:
-    """Create or check what a directory target's probes write to (the probe file, a commit log, the metadata
-    probe's directory) and pin each; returns the problems. From here the directory is held by descriptor for
-    the target's life (let go on EROFS)."""
+def prepare_probes(host: Host, target: ResolvedTarget, probes: list[ProbeConfig], strict: bool = True) -> list[str]:
+    """prepare() for the probes a reload starts on a running target (changed or added ones): what they write to
+    and their descriptors, with every check of a start. The target's running probes are left alone. ConfigError
+    (nothing of theirs left open) if any step fails; close_probes() undoes it."""
+    if target.pending or not probes:
+        return []
+    warnings: list[str] = []
+    reads_file = any(not p.kind.writes for p in probes) and target.reads_probe_file
+    probe_file = reads_file or any(p.kind.writes and not p.kind.file for p in probes)
+    problems = _prepare_probes(host, target, probes, probe_file, strict, warnings)
+    if problems:
+        close_probes(target, probes)
+        raise ConfigError(problems)
+    return warnings
+
+
+def _prepare_probes(
+    host: Host,
+    target: ResolvedTarget,
+    probes: tuple[ProbeConfig, ...] | list[ProbeConfig],
+    probe_file: bool,
+    strict: bool,
+    warnings: list[str],
+) -> list[str]:
+    """One target's part of prepare(), for `probes` (`probe_file`: they need the probe file); the problems."""
+    if target.kind == "directory":
+        refused = _choose_read_source(target, probes) or _prepare_files(target, probes, probe_file)
+        if refused:
+            return refused
+    problems: list[str] = []
+    for probe in probes:
+        io = io_target(host, target, probe)
+        try:
+            fd = io.open()  # reads open per probe later; opening now checks access before anything starts
+            if probe.kind.writes:
+                target.fds[probe.op] = fd
+            else:
+                os.close(fd)
+        except OSError as err:
+            message = f"{probe.key}: cannot open {io.path}: {err.strerror or err}"
+            (warnings if not strict and not probe.kind.writes else problems).append(message)
+    return problems
+
+
+def _prepare_files(
+    target: ResolvedTarget, probes: tuple[ProbeConfig, ...] | list[ProbeConfig], probe_file: bool
+) -> list[str]:
+    """Create or check what a directory target's `probes` write to (the probe file if `probe_file`, a commit
+    log, the metadata probe's directory) and pin each, unless pinned already; returns the problems. From here the
+    directory is held by descriptor for the target's life (let go on EROFS)."""
     directory, size = target.probe_dir, target.config.probe_file_size
     assert directory is not None
     wanted: list[tuple[str, str]] = []  # (key of the problem, file name or "" for the metadata directory)
-    if target.needs_probe_file:
+    if probe_file:
         wanted.append((f"{target.config.key}.directory", PROBE_FILE_NAME))
-    wanted += [(f"{p.key}.op", p.kind.file) for p in target.probes if p.kind.buffered]
+    wanted += [(f"{p.key}.op", p.kind.file) for p in probes if p.kind.buffered]
     problems = []
     for key, name in wanted:
+        if target.metadata_pin if name == metadata.NAME else name in target.file_pins:
+            continue  # a running probe's: made and pinned when it started
         try:
             if name == metadata.NAME:
                 target.metadata_pin = metadata.ensure(directory)
@@ -384,30 +462,41 @@ def _prepare_files(target: ResolvedTarget) -> list[str]:
     return problems
 
 
-def _choose_read_source(target: ResolvedTarget) -> list[str]:
+def _choose_read_source(target: ResolvedTarget, probes: tuple[ProbeConfig, ...] | list[ProbeConfig]) -> list[str]:
     """A directory target's reads go to its device; when the device cannot be opened (a container that does not
     expose it), to the probe file instead, which volprobe wrote whole: the target is still probed, not refused.
     Returns the problems that leaves (a read block larger than the probe file)."""
-    if all(p.kind.writes for p in target.probes) or target.device is None:
+    reads = [p for p in probes if not p.kind.writes]
+    if not reads or target.device is None:
         return []  # without a device, resolve() already sent reads to the probe file
-    try:
-        os.close(os.open(target.device.devnode, os.O_RDONLY | os.O_DIRECT | os.O_NONBLOCK | os.O_CLOEXEC))
-    except OSError as err:
-        target.reads_probe_file = True
-        log.warning(
-            "%s: cannot open %s (%s): its read probes read the probe file %s instead",
-            target.name,
-            target.device.devnode,
-            err.strerror,
-            target.probe_file,
-        )
-        size = target.config.probe_file_size - probefile.HEADER_BYTES
-        return [
-            f"{p.key}.block_size: {p.block_size} is larger than the {size} bytes of the probe file it reads"
-            for p in target.probes
-            if not p.kind.writes and p.block_size > size
-        ]
-    return []
+    if not target.reads_probe_file:
+        try:
+            os.close(os.open(target.device.devnode, os.O_RDONLY | os.O_DIRECT | os.O_NONBLOCK | os.O_CLOEXEC))
+            return []
+        except OSError as err:
+            target.reads_probe_file = True
+            log.warning(
+                "%s: cannot open %s (%s): its read probes read the probe file %s instead",
+                target.name,
+                target.device.devnode,
+                err.strerror,
+                target.probe_file,
+            )
+    size = target.config.probe_file_size - probefile.HEADER_BYTES
+    return [
+        f"{p.key}.block_size: {p.block_size} is larger than the {size} bytes of the probe file it reads"
+        for p in reads
+        if p.block_size > size
+    ]
+
+
+def close_probes(target: ResolvedTarget, probes: list[ProbeConfig]) -> None:
+    """Close the descriptors prepare_probes() opened for `probes` and no worker took."""
+    for probe in probes:
+        fd = target.fds.pop(probe.op, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def close(resolved: list[ResolvedTarget]) -> None:

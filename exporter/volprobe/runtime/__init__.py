@@ -9,8 +9,9 @@
 
 Scrapes read this state and never wait on a device: workers publish counters and snapshots under short
 locks, and a worker stuck in the kernel only ages its in-flight gauge. Exporter.reload() applies a new
-configuration (SIGHUP): targets whose configuration and device are unchanged keep their workers,
-histograms, counters and warm-ups; a configuration that does not resolve is rejected and the old one kept.
+configuration (SIGHUP): targets whose configuration and device are unchanged keep their warm-ups and the
+workers, histograms and counters of every unchanged probe (a changed probe restarts alone); a configuration that
+does not resolve is rejected and the old one kept.
 """
 
 from __future__ import annotations
@@ -194,7 +195,9 @@ class Exporter:
     def _plan_reload(self, config: Config) -> _Change:
         """Resolve the new configuration (every check, as at start-up) and match it with what runs. No I/O
         beyond resolving; nothing changes."""
-        resolved = targets_mod.resolve(config, self.host, checks=self.checks)
+        # A directory a running target holds is asked through its descriptor, not resolved by name again.
+        held = {t.path: t.probe_dir for t in self.probes.targets() if t.probe_dir is not None and not t.discovered}
+        resolved = targets_mod.resolve(config, self.host, checks=self.checks, held=held)
         old = self.config
         restart_all = ""
         if (config.window, config.buckets) != (old.window, old.buckets):
@@ -214,16 +217,25 @@ class Exporter:
         later = [t for t in plan.start if _raw_device(t) in held]
         now = [t for t in plan.start if _raw_device(t) not in held]
         targets_mod.prepare(self.host, now, strict=strict)
+        prepared: list[reload_plan.ProbeChanges] = []
         try:
+            for probes in plan.probes:  # a kept target's changed and added probes: their files and descriptors
+                targets_mod.prepare_probes(self.host, probes.running, probes.starting, strict=strict)
+                prepared.append(probes)
             self._take_over(plan, later, strict=strict)
         except ConfigError:
+            for probes in prepared:
+                targets_mod.close_probes(probes.running, probes.starting)
             targets_mod.close(plan.start)
             raise
 
     def _update_kept(self, change: _Change) -> None:
-        """Kept targets take their new keys, limits and warm-up settings; a changed warm-up stops here and
-        starts again in _start_new."""
+        """Kept targets take their new keys, limits, warm-up settings and probes: their changed and removed probes
+        stop here (the changed ones start again in _start_new), and so does a changed warm-up."""
         self.warmups.stop(change.rewarm)
+        hung = self.mounts.hung()
+        for probes in change.plan.probes:
+            self.probes.remove_probes(probes.running, probes.why, hung=hung)
         for current, reloaded in change.plan.keep:
             current.config = reloaded.config
             self.probes.rekey(current)
@@ -246,9 +258,14 @@ class Exporter:
             self.state = self.warmups.store = StateStore(directory)
 
     def _start_new(self, change: _Change) -> None:
-        """The new and changed targets start, changed warm-ups restart; after a change every histogram must
-        follow, discovered probes stop too (discovery starts them again with the new settings)."""
+        """The new and changed targets and the kept targets' changed probes start, changed warm-ups restart;
+        after a change every histogram must follow, discovered probes stop too (discovery starts them again with
+        the new settings)."""
         self._start_targets(change.plan.start)
+        for probes in change.plan.probes:
+            config = self.config
+            new = self.probes.add_probes(probes.running, probes.starting, config.window, config.buckets, self.state)
+            self.throttle.back_off_new(new)
         self.warmups.start(change.rewarm)
         if change.restart_all:
             discovered = [t for t in self.probes.targets() if t.discovered]
@@ -272,11 +289,12 @@ class Exporter:
     def _log_reload(plan: reload_plan.Plan) -> None:
         restarted = sum(1 for t in plan.stop if t.name in {s.name for s in plan.start})
         log.info(
-            "configuration reloaded: %d kept, %d added, %d removed, %d restarted",
+            "configuration reloaded: %d kept, %d added, %d removed, %d restarted; %d probes of kept targets changed",
             len(plan.keep),
             len(plan.start) - restarted,
             len(plan.stop) - restarted,
             restarted,
+            sum(len(p.why) for p in plan.probes),
         )
 
     def _take_over(self, plan: reload_plan.Plan, later: list[ResolvedTarget], strict: bool) -> None:

@@ -1,11 +1,12 @@
 """Whether each directory target's mount answers (`mount_check`): the mount watch.
 
-Every `interval` each directory target's directory is asked (statfs, then a stat) in a thread of its own
-(mountcheck.Checks: at most one outstanding per mount, which the targets on it share, so a hung server costs
-one thread, not one per check or per directory). A mount is responsive while its last check answered without
-error and no check has been outstanding longer than `timeout`. The watch itself never touches a filesystem, so
-neither do scrapes, which read its snapshot; a directory that did not answer when its target was resolved
-(`pending`) is handed to `resume` once it answers.
+Every `interval` each directory target's directory is asked (statfs, then a stat: of the directory volprobe
+holds, through its descriptor, never of the name, which a symlink or a mount put over it would answer for) in a
+thread of its own (mountcheck.Checks: at most one outstanding per mount, which the targets on it share, so a hung
+server costs one thread, not one per check or per directory). A mount is responsive while its last check
+answered without error and no check has been outstanding longer than `timeout`. The watch itself never touches a
+filesystem, so neither do scrapes, which read its snapshot; a directory that did not answer when its target was
+resolved (`pending`) is handed to `resume` once it answers.
 """
 
 from __future__ import annotations
@@ -81,9 +82,9 @@ class MountWatch:
         with self._lock:
             for gone in set(self._mounts) - {t.path for t in directories}:
                 del self._mounts[gone]
-        by_mount: dict[str, list[str]] = {}
+        by_mount: dict[str, list[ResolvedTarget]] = {}
         for target in directories:
-            by_mount.setdefault(_key(target), []).append(target.path)
+            by_mount.setdefault(_key(target), []).append(target)
             state = self._state(target.path)
             since = self._overdue(_key(target), self.clock())
             if since is not None and state.hung_since != since:
@@ -93,18 +94,22 @@ class MountWatch:
                 )
             if target.pending and state.answered_at and not state.failed:
                 self.resume(target)  # resolves it again, with a deadline; starts it if that answers
-        for key, paths in by_mount.items():  # nothing started for a mount whose last check is still outstanding
+        for key, targets in by_mount.items():  # nothing started for a mount whose last check is still outstanding
             self.checks.submit(
-                key, functools.partial(self._check, key, paths), mountcheck.log_failure(f"mount check of {key}")
+                key, functools.partial(self._check, key, targets), mountcheck.log_failure(f"mount check of {key}")
             )
 
-    def _check(self, key: str, paths: list[str]) -> None:
+    def _check(self, key: str, targets: list[ResolvedTarget]) -> None:
         """One mount's check, in its thread: each of its directories asked in turn, each answer recorded. A
-        directory that hangs holds the rest, so the whole mount shows hung: one thread a mount is the price."""
-        for path in dict.fromkeys(paths):
+        directory that hangs holds the rest, so the whole mount shows hung: one thread a mount is the price. The
+        directory asked is the one the target holds; a pending target's, not found yet, by its name."""
+        for path, directory in {t.path: t.probe_dir for t in targets}.items():
             error: Exception | None = None
             try:
-                mountcheck.answer(path)
+                if directory is not None:
+                    directory.answer()
+                else:
+                    mountcheck.answer(path)
             except Exception as err:  # an answer too: recorded as the directory's failure
                 error = err
             self._done(path, error)

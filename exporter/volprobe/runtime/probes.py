@@ -87,14 +87,37 @@ class ProbeSet:
     ) -> list[RunningProbe]:
         """Start a worker for every probe of the (prepared) targets; their fresh offsets carry on from the
         volume's state in `store`."""
+        return self._start(resolved, [(t, p) for t in resolved for p in t.probes], window, buckets, store)
+
+    def add_probes(
+        self,
+        target: ResolvedTarget,
+        probes: list[ProbeConfig],
+        window: float,
+        buckets: tuple[float, ...],
+        store: StateStore,
+    ) -> list[RunningProbe]:
+        """Start workers for `probes` (prepared: targets.prepare_probes) on a target that runs already."""
+        return self._start([], [(target, p) for p in probes], window, buckets, store)
+
+    def _start(
+        self,
+        resolved: list[ResolvedTarget],
+        probes: list[tuple[ResolvedTarget, ProbeConfig]],
+        window: float,
+        buckets: tuple[float, ...],
+        store: StateStore,
+    ) -> list[RunningProbe]:
+        """Add the targets `resolved` and start a worker for each of `probes`."""
         new = []
-        for target in resolved:
-            for spec in () if target.pending else target.probes:  # a pending target waits for its mount
-                stats = ProbeStats(window, buckets)
-                io = targets_mod.io_target(self.host, target, spec)
-                cursor = _cursor(store, target, spec, io)
-                worker = ProbeWorker(spec, io, stats, name=target.name, fd=target.fds.pop(spec.op, None), cursor=cursor)
-                new.append(RunningProbe(target, spec, stats, worker))
+        for target, spec in probes:
+            if target.pending:  # a pending target waits for its mount
+                continue
+            stats = ProbeStats(window, buckets)
+            io = targets_mod.io_target(self.host, target, spec)
+            cursor = _cursor(store, target, spec, io)
+            worker = ProbeWorker(spec, io, stats, name=target.name, fd=target.fds.pop(spec.op, None), cursor=cursor)
+            new.append(RunningProbe(target, spec, stats, worker))
         with self._lock:
             self._targets.extend(resolved)
             self._running.extend(new)
@@ -120,6 +143,26 @@ class ProbeSet:
             for running in self._running:
                 if running.target is target and running.spec.op in by_op:
                     running.spec = by_op[running.spec.op]
+
+    def remove_probes(
+        self,
+        target: ResolvedTarget,
+        why: dict[str, str],
+        timeout: float = STOP_TIMEOUT_S,
+        hung: frozenset[str] = frozenset(),
+    ) -> None:
+        """Stop the target's probes whose ops `why` names (a reload changed or removed them; it says how), and
+        drop them, so their series go with the next scrape; the target and its other probes run on."""
+        with self._lock:
+            stopping = [p for p in self._running if p.target is target and p.spec.op in why]
+            self._running = [p for p in self._running if not (p.target is target and p.spec.op in why)]
+            self._index()
+        for name in _stop(stopping, timeout, hung):
+            log.warning("probe %s is still blocked in the kernel; it exits when its request returns", name)
+        for running in stopping:
+            log.info(
+                "stopped probing %s (%s) with %s: %s", target.name, target.path, running.spec.op, why[running.spec.op]
+            )
 
     def remove(
         self,
