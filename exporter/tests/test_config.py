@@ -1,5 +1,6 @@
 """Bad configs are rejected with the offending key named; good ones give the documented defaults."""
 
+import signal
 import subprocess
 import textwrap
 
@@ -7,7 +8,7 @@ import pytest
 
 from volprobe import config
 
-from .support.harness import volprobe_command
+from .support.harness import probes_done, sample_value, volprobe_command, wait_until
 
 # (name, YAML, the key path the first problem must name, a word the message must contain)
 BAD_CONFIGS = [
@@ -216,3 +217,68 @@ def test_exporter_exits_2_on_bad_config_before_listening(tmp_path):
     )
     assert result.returncode == 2
     assert "targets[0].probes[0].op" in result.stderr
+
+
+# Files a configuration management tool, or a mistake, can leave (issue 41): (name, bytes, what the refusal says)
+HOSTILE_FILES = [
+    ("a Latin-1 byte", b"targets: []\n# caf\xe9\n", "not UTF-8 text: byte 0xe9 at line 2"),
+    ("2000-deep nesting", b"targets: " + b"[" * 2000 + b"]" * 2000 + b"\n", "nested more than 32 deep"),
+    ("over 1 MiB", b"targets: []\n" + (b"#" * 1023 + b"\n") * 1100, "more than a configuration may be"),
+]
+
+
+@pytest.mark.parametrize("content,why", [pytest.param(c, w, id=n) for n, c, w in HOSTILE_FILES])
+def test_a_hostile_config_file_is_refused_naming_the_file_and_why(tmp_path, content, why):
+    path = tmp_path / "volprobe.yml"
+    path.write_bytes(content)
+    with pytest.raises(config.ConfigError) as refused:
+        config.load(path)
+    assert refused.value.problems[0].startswith(f"{path}: ")
+    assert why in refused.value.problems[0]
+
+
+@pytest.mark.parametrize("content,why", [pytest.param(c, w, id=n) for n, c, w in HOSTILE_FILES])
+def test_the_exporter_exits_2_on_a_hostile_config_in_one_line(tmp_path, content, why):
+    """Exit 2, not 1: systemd's RestartPreventExitStatus=2 then stops the restart loop."""
+    path = tmp_path / "volprobe.yml"
+    path.write_bytes(content)
+    result = subprocess.run(
+        volprobe_command("--config", str(path), "--web.listen-address", "127.0.0.1:0"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert str(path) in result.stderr and why in result.stderr
+
+
+def test_a_sighup_with_a_hostile_config_keeps_the_running_one(tmp_path, start_exporter):
+    """Each hostile file in turn, then SIGHUP: refused with the reason logged, the exporter and its probe run on,
+    volprobe_config_last_reload_successful 0; a good file after them loads."""
+    (tmp_path / "data").mkdir()
+    good = f"targets: [{{name: kept, directory: {tmp_path / 'data'}, probe_file_size: 1MiB, "
+    good += "probes: [{op: write, block_size: 4KiB, interval: 50ms}]}]\n"
+    path = tmp_path / "volprobe.yml"
+    path.write_text(good)
+    exporter = start_exporter("--config", str(path))
+    exporter.wait_for(lambda s: probes_done(s, "kept", "write") >= 1, what="the first probes")
+    refused = "rejected, keeping the running one"
+    for _name, content, why in HOSTILE_FILES:
+        rejections = exporter.log().count(refused)
+        path.write_bytes(content)
+        exporter.process.send_signal(signal.SIGHUP)
+        wait_until(
+            lambda n=rejections: exporter.log().count(refused) > n or exporter.process.poll(),
+            what="the rejection",
+            every=0.05,
+        )
+        assert exporter.process.poll() is None, exporter.log()[-3000:]
+        assert why in exporter.log()
+        before = probes_done(exporter.metrics(), "kept", "write")
+        samples = exporter.wait_for(lambda s, n=before: probes_done(s, "kept", "write") > n, what="the probe to go on")
+        assert sample_value(samples, "volprobe_config_last_reload_successful") == 0
+    exporter.reload(path, good)
+    assert sample_value(exporter.metrics(), "volprobe_config_last_reload_successful") == 1
+    assert "Traceback" not in exporter.log()
+    assert exporter.stop() == 0

@@ -448,3 +448,34 @@ def test_x25519_works_or_is_refused_naming_the_key(pki, tmp_path):
                 shook = False
             thread.join(10)
             assert shook is expected and outcome["server"] is expected, curve
+
+
+# (name, bytes, what the refusal says): a Latin-1 byte was refused before issue 41 too.
+HOSTILE_WEB_CONFIGS = [
+    ("2000-deep nesting", b"http_server_config: " + b"[" * 2000 + b"]" * 2000 + b"\n", "nested more than 32 deep"),
+    ("over 1 MiB", b"http_server_config: {}\n" + (b"#" * 1023 + b"\n") * 1100, "more than a configuration may be"),
+]
+
+
+@pytest.mark.parametrize("content,why", [pytest.param(c, w, id=n) for n, c, w in HOSTILE_WEB_CONFIGS])
+def test_a_hostile_web_config_is_refused_at_start_and_does_not_reload(tmp_path, start_exporter, content, why):
+    """Refused at start (exit 2, one line naming the file); while running, the scrapes go on with the previous
+    configuration and report the failed reload."""
+    path = tmp_path / "web.yml"
+    path.write_bytes(content)
+    result = subprocess.run(
+        volprobe_command("--web.config.file", str(path), "--config", empty_config(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"{path}: " in result.stderr and why in result.stderr
+    path.write_text("http_server_config:\n  headers: {X-Content-Type-Options: nosniff}\n")
+    exporter = start_exporter("--web.config.file", str(path), "--config", empty_config(tmp_path))
+    (tmp_path / "web.yml.new").write_bytes(content)
+    os.replace(tmp_path / "web.yml.new", path)
+    samples = exporter.metrics()
+    assert sample_value(samples, "volprobe_web_config_last_reload_successful") == 0
+    assert why in exporter.log() and "Traceback" not in exporter.log()
+    assert exporter.stop() == 0

@@ -209,16 +209,23 @@ static int wait_deadline(Loop *self) {
 static int Loop_init(Loop *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"path",   "flags", "buffer",  "inflight", "syscall",
                              "writes", "jitter", "seed", "counter", "steps",    NULL};
-    const char *path, *syscall;
+    PyObject *path; /* bytes: the str's file system encoding, surrogates (undecodable bytes) included */
+    const char *syscall;
     unsigned long long seed, counter;
     if (self->path != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Loop is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "siw*w*spdKK|i", kwlist, &path, &self->flags, &self->buffer,
-                                     &self->inflight, &syscall, &self->writes, &self->jitter, &seed, &counter,
-                                     &self->nsteps))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&iw*w*spdKK|i", kwlist, PyUnicode_FSConverter, &path,
+                                     &self->flags, &self->buffer, &self->inflight, &syscall, &self->writes,
+                                     &self->jitter, &seed, &counter, &self->nsteps))
         return -1;
+    self->path = strdup(PyBytes_AS_STRING(path));
+    Py_DECREF(path);
+    if (self->path == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     if (self->nsteps < 0 || self->nsteps > MAX_STEPS) {
         PyErr_Format(PyExc_ValueError, "steps must be in 0..%d", MAX_STEPS);
         return -1;
@@ -230,13 +237,8 @@ static int Loop_init(Loop *self, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_ValueError, "unknown syscall %s", syscall);
         return -1;
     }
-    self->path = strdup(path);
     if (self->inflight.len < (Py_ssize_t)sizeof(long long)) {
         PyErr_SetString(PyExc_ValueError, "inflight must hold 8 bytes");
-        return -1;
-    }
-    if (self->path == NULL) {
-        PyErr_NoMemory();
         return -1;
     }
     self->rng = seed ? seed : 0x9E3779B97F4A7C15ULL;

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 from collections.abc import Sequence
 
@@ -11,6 +12,8 @@ from .tools import TOOLS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if isinstance(sys.stdout, io.TextIOWrapper):  # a path's bytes that are not UTF-8 printed as they are, as ls does
+        sys.stdout.reconfigure(errors="surrogateescape")
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in TOOLS:
         return TOOLS[args[0]].run(args[1:])

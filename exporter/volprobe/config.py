@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from . import ops, schema, stats, units
+from . import ops, schema, stats, units, yamlfile
 from .schema import Walker, section, setting
 
 WARMUP_MODES = ("read", "write")
@@ -436,14 +436,17 @@ def parse(document: Any, source: str = "<config>") -> Config:
 
 
 def load(path: str | Path) -> Config:
-    """Read and validate a YAML file."""
+    """Read and validate a YAML file (yamlfile: bounded size and nesting, UTF-8). Every problem, whatever
+    the file holds, is a ConfigError that names the file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text, _ = yamlfile.read(str(path))
     except OSError as err:
-        raise ConfigError([f"{path}: cannot read: {err.strerror}"]) from None
+        raise ConfigError([f"{path}: cannot read: {err.strerror or err}"]) from None
+    except ValueError as err:
+        raise ConfigError([f"{path}: {err}"]) from None
     try:
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=yamlfile.Loader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

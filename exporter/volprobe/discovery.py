@@ -100,13 +100,15 @@ def _read_small(path: str) -> str:
 
 
 def _read_whole(path: str) -> str:
-    """A procfs file of any length, raw: a seq_file gives a page per read."""
+    """A procfs file of any length, raw: a seq_file gives a page per read. Decoded as the kernel's paths are
+    (os.fsdecode): a byte that is not UTF-8 in a mount point or a swap file's path stays that byte, and the
+    path it is in stays usable in os calls."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks = []
         while chunk := os.read(fd, 1 << 16):
             chunks.append(chunk)
-        return b"".join(chunks).decode(errors="replace")
+        return os.fsdecode(b"".join(chunks))
     finally:
         os.close(fd)
 
@@ -119,15 +121,18 @@ def _read_int(path: Path, default: int = 0) -> int:
 
 
 def _unescape_mount(text: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), text)
+    """mountinfo's octal escapes (`\\040` for a space), each back to its byte, as os.fsdecode gives it."""
+    return re.sub(r"\\([0-7]{3})", lambda m: os.fsdecode(bytes([int(m.group(1), 8) & 0xFF])), text)
 
 
 def parse_mountinfo(text: str) -> list[Mount]:
-    """Mounts from /proc/self/mountinfo (see proc(5)); bad lines are skipped."""
+    """Mounts from /proc/self/mountinfo (see proc(5)), as _read_whole decodes it; bad lines are skipped. The
+    kernel escapes only a space, a tab, a newline and a backslash in a path: lines end at a newline and fields
+    at a space, nothing else (a form feed or U+3000 may be in a mount point)."""
     mounts = []
-    for line in text.splitlines():
+    for line in text.split("\n"):
         left, sep, right = line.partition(" - ")
-        fields_left, fields_right = left.split(), right.split()
+        fields_left, fields_right = left.split(" "), right.split(" ")
         if not sep or len(fields_left) < 5 or len(fields_right) < 2:
             continue
         try:
@@ -429,7 +434,7 @@ class Host:
 
     def mounts(self) -> list[Mount]:
         try:
-            return parse_mountinfo((self.proc / "self" / "mountinfo").read_text())
+            return parse_mountinfo(_read_whole(f"{self.proc}/self/mountinfo"))
         except OSError:
             return []
 
@@ -442,7 +447,7 @@ class Host:
                 text = _read_whole(f"{self.proc}/{pid}/mountinfo")
             except OSError:
                 continue
-            lines = [line for line in text.splitlines() if any(marker in line for marker in _KUBELET_MARKERS)]
+            lines = [line for line in text.split("\n") if any(marker in line for marker in _KUBELET_MARKERS)]
             return [mount for mount in parse_mountinfo("\n".join(lines)) if kubernetes_volume(mount.mount_point)[0]]
         return []
 
@@ -527,7 +532,7 @@ class Host:
     def swaps(self) -> set[str]:
         """Device nodes in use as swap."""
         try:
-            lines = (self.proc / "swaps").read_text().splitlines()[1:]
+            lines = _read_whole(f"{self.proc}/swaps").split("\n")[1:]
         except OSError:
             return set()
-        return {line.split()[0] for line in lines if line.strip()}
+        return {line.split(" ")[0] for line in lines if line.strip()}

@@ -52,7 +52,24 @@ class _One(Collector):
         return [self.metric]
 
 
+def utf8_text(text: str) -> str:
+    """`text` as UTF-8 can carry it, which every exposition needs: a byte of a path that was not UTF-8 (which
+    os.fsdecode made a lone surrogate) is written `\\xff`, as the logs write it; any other text is as it is."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no path decodes to (U+D800, from a \\u escape in YAML)
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _value(text: str) -> str:
+    text = utf8_text(text)
     if _NEEDS_ESCAPE.search(text):
         return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
     return text

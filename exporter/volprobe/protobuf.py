@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client.registry import Collector
 
-from .exposition import SeriesFamily
+from .exposition import SeriesFamily, utf8_text
 from .native import NativeBuckets
 
 CONTENT_TYPE = "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
@@ -123,7 +123,7 @@ def _field(key: bytes, data: bytes) -> bytes:
 
 
 def _string(key: bytes, text: str) -> bytes:
-    return _field(key, text.encode("utf-8", "surrogatepass"))
+    return _field(key, utf8_text(text).encode("utf-8"))
 
 
 # A series' labels, encoded (its Metric's label fields): by the sorted pairs, and by the text of a SeriesFamily's

@@ -172,8 +172,13 @@ def libblkid_signatures(devnode: str, timeout: float = PROBE_TIMEOUT_S, fd: int 
     if shutil.which("wipefs"):
         commands.append(["wipefs", "--no-act", "--noheadings", "--output", "TYPE", devnode])
     for command in commands:
-        proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, pass_fds=() if fd is None else (fd,)
+        proc = subprocess.Popen(  # a label, or a message, may hold any byte: replaced, never a UnicodeDecodeError
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            pass_fds=() if fd is None else (fd,),
         )
         try:
             out, err = proc.communicate(timeout=timeout)

@@ -18,7 +18,6 @@ import binascii
 import contextlib
 import functools
 import hashlib
-import hmac
 import ipaddress
 import logging
 import os
@@ -89,7 +88,25 @@ _BCRYPT = re.compile(r"^\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}$")
 _GO_DURATION = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _UNKNOWN_USER_HASH = b"$2b$10$" + b"." * 53  # a valid bcrypt hash of cost 10 that no password matches
+# Credentials remembered after a bcrypt: good ones (a few scrapers' and people's) and bad ones, apart.
+GOOD_CREDENTIALS = 64
+BAD_CREDENTIALS = 4096
 _NULL, _BOOL, _INT, _FLOAT = (f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float"))
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A user and password from an Authorization header, to be checked against `hashed` by bcrypt."""
+
+    user: str
+    password: bytes
+    hashed: bytes  # the user's hash, or _UNKNOWN_USER_HASH
+    known_user: bool
+    digest: bytes  # sha256 of hash and password: the cache's key, never the password itself
+
+    @property
+    def key(self) -> tuple[str, bytes]:
+        return (self.user, self.digest)
 
 
 @dataclass(frozen=True)
