@@ -4,7 +4,10 @@ second request, connections beyond the cap: bounded in time and memory, before a
 
 from __future__ import annotations
 
+import base64
 import http.client
+import itertools
+import os
 import re
 import select
 import socket
@@ -14,8 +17,10 @@ from pathlib import Path
 
 import bcrypt
 import pytest
+import yaml
 
-from volprobe.server import HEAD_DEADLINE_S, HEAD_MAX_BYTES, MAX_CONNECTIONS, SharedRender
+from volprobe.server import HEAD_DEADLINE_S, HEAD_MAX_BYTES, OPEN_FILES_RESERVE, RENDER_WORKERS, SharedRender
+from volprobe.webconfig import WebConfig, WebConfigWatcher
 
 from .support.connections import exchange, read_until_closed
 from .support.harness import MIB, write_config
@@ -57,9 +62,8 @@ def test_bad_requests_get_clear_status_codes_and_idle_connections_block_no_scrap
 
     idle = []
     try:
-        # Connected, never sending a byte: as many as leave the scrapes a few of the MAX_CONNECTIONS (each
-        # scrape's slot comes back once the server sees its connection closed, a moment after the client).
-        for _ in range(MAX_CONNECTIONS - 8):
+        # Connected, never sending a byte: 64, the whole of the old server's cap.
+        for _ in range(64):
             idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
         for _ in range(20):  # each within the client's 10 s timeout, or it raises
             assert request(port, "GET", "/metrics").status == 200
@@ -244,42 +248,6 @@ def test_a_request_head_over_the_cap_is_answered_431_and_closed(tmp_path, start_
     assert exporter.stop() == 0
 
 
-def scrape_once_served(port: int, within: float) -> int:
-    """The status of the first scrape the server takes within `within` seconds (refused ones are retried)."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return request(port, "GET", "/metrics").status
-        except (ConnectionError, http.client.RemoteDisconnected):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-def test_connections_over_the_cap_are_closed_at_once_and_scrapes_resume_below_it(tmp_path, start_exporter):
-    """MAX_CONNECTIONS held open (the head deadline has not come): the next connection is closed at once,
-    unanswered and long before that deadline; one of them gone, a scrape is served again."""
-    exporter = start_exporter(*no_targets(tmp_path))
-    port = exporter.port
-    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(MAX_CONNECTIONS)]
-    try:
-        started = time.monotonic()
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as over:
-            over.sendall(b"GET /metrics HTTP/1.1\r\nHost: volprobe\r\n\r\n")
-            reply, closed = read_until_closed(over, within=HEAD_DEADLINE_S - 1)
-        assert (reply, closed) == (b"", True)
-        assert time.monotonic() - started < 1.0, "closed at once, not at the head deadline"
-        held.pop().close()
-        assert scrape_once_served(port, within=2.0) == 200, "a scrape gets through with the others still held"
-    finally:
-        for sock in held:
-            sock.close()
-    assert scrape_once_served(port, within=2.0) == 200
-    assert exporter.process.poll() is None
-    assert "connections open, the most served at once" in exporter.log()
-    assert exporter.stop() == 0
-
-
 def test_a_kept_alive_connection_may_idle_past_the_head_deadline(tmp_path, start_exporter):
     """The head deadline runs from a request's first byte: between requests a kept-alive connection has the idle
     timeout, as before (Prometheus reuses its connection from one scrape to the next)."""
@@ -295,4 +263,223 @@ def test_a_kept_alive_connection_may_idle_past_the_head_deadline(tmp_path, start
     connection.close()
     assert [status for status, _ in seen] == [200, 200]
     assert seen[0][1] == seen[1][1], "both requests went on the one connection"
+    assert exporter.stop() == 0
+
+
+# -- issue 41: hold the port --------------------------------------------------------------------------------------
+
+
+def _threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The process's user and system CPU, all its threads, from /proc/PID/stat (clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed(port: int, path: str, headers: dict[str, str] | None = None, source: str = "") -> tuple[int, float]:
+    """(status, seconds) of one request on a new connection, from loopback address `source` if given."""
+    started = time.monotonic()
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=10, source_address=(source, 0) if source else None
+    )
+    try:
+        connection.request("GET", path, headers=headers or {})
+        response = connection.getresponse()
+        response.read()
+        return response.status, time.monotonic() - started
+    finally:
+        connection.close()
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_a_thousand_idle_and_64_kept_alive_connections_keep_no_scrape_or_health_check_out(tmp_path, start_exporter):
+    """The issue's first row: 64 keep-alive clients asking /-/healthy filled the old server's 64 threads, and
+    every new scrape and health check was refused. Now 1,000 connections that never send a byte and 64 that keep
+    asking leave every scrape and health check on a new connection answered, with no thread more, and a few KiB
+    of memory each."""
+    exporter = start_exporter(*no_targets(tmp_path))
+    port, pid = exporter.port, exporter.process.pid
+    for _ in range(3):  # the render workers started, the first renders' allocations made
+        assert _timed(port, "/metrics")[0] == 200
+    rss, threads = exporter.rss_bytes()[0], _threads(pid)
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(1000)]
+    kept = [http.client.HTTPConnection("127.0.0.1", port, timeout=10) for _ in range(64)]
+    try:
+        for connection in kept:
+            connection.request("GET", "/-/healthy")
+            assert connection.getresponse().read() == b"OK\n"
+        answers = [_timed(port, path) for _ in range(12) for path in ("/metrics", "/-/healthy")]
+        for connection in kept:  # still served on their connections
+            connection.request("GET", "/-/healthy")
+            assert connection.getresponse().status == 200
+        grown, threads_now = exporter.rss_bytes()[0] - rss, _threads(pid)
+    finally:
+        for sock in idle:
+            sock.close()
+        for connection in kept:
+            connection.close()
+    slowest = max(seconds for _, seconds in answers)
+    print(
+        f"RSS +{grown / 1024:.0f} KiB for 1064 connections ({grown / 1064 / 1024:.1f} KiB each), "
+        f"threads {threads} -> {threads_now}, slowest answer {slowest:.3f} s"
+    )
+    assert [status for status, _ in answers] == [200] * 24
+    assert threads_now <= threads + RENDER_WORKERS, "no thread per connection (a render worker may start)"
+    assert grown <= 1064 * 16 * 1024, f"{grown / 1064 / 1024:.1f} KiB a connection"
+    assert exporter.stop() == 0
+
+
+def test_at_the_bound_room_is_made_from_the_address_holding_most_its_oldest_never_authorised_first(
+    tmp_path, start_exporter
+):
+    """The open-files limit sets the bound (64 here). Filled by one address's idle connections and another's
+    kept-alive scrapers, a new connection from a third address is served: the oldest idle connection of the
+    address holding the most is closed for it, and the scrapers keep theirs."""
+    bound = 64
+    limit = OPEN_FILES_RESERVE + bound
+    exporter = start_exporter(*no_targets(tmp_path), prefix=("prlimit", f"--nofile={limit}:{limit}", "--"))
+    port = exporter.port
+    assert f"at most {bound} connections" in exporter.log()
+    scrapers = [
+        http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=("127.0.0.3", 0)) for _ in range(4)
+    ]
+    hogs: list[socket.socket] = []
+    try:
+        for connection in scrapers:
+            connection.request("GET", "/metrics")
+            assert connection.getresponse().read()
+        hogs = [
+            socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0))
+            for _ in range(bound - len(scrapers))
+        ]
+        assert _timed(port, "/metrics", source="127.0.0.4")[0] == 200
+        assert read_until_closed(hogs[0], within=5) == (b"", True), "the oldest idle connection made room"
+        readable = select.select(hogs[1:], [], [], 0)[0]
+        assert readable == [], "the others are open"
+        for connection in scrapers:  # on the connections they had
+            sock = connection.sock
+            connection.request("GET", "/metrics")
+            assert connection.getresponse().status == 200 and connection.sock is sock
+    finally:
+        for sock in hogs:
+            sock.close()
+        for connection in scrapers:
+            connection.close()
+    assert "to make room" in exporter.log()
+    assert exporter.stop() == 0
+
+
+def test_health_checks_answer_without_credentials_or_a_rate_limit_token_as_the_daemonset_asks(tmp_path, start_exporter):
+    """With basic auth on, the old server answered /-/healthy and /-/ready 401, so the DaemonSet's own probes
+    failed. They tell nothing but that the process answers: no credentials, and no rate-limit token taken."""
+    hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4)).decode()
+    web = write_config(
+        tmp_path, f"basic_auth_users: {{alice: '{hashed}'}}\nrate_limit: {{interval: 1h, burst: 1}}\n", "web.yml"
+    )
+    exporter = start_exporter("--web.config.file", web, *no_targets(tmp_path))
+    port = exporter.port
+    manifest = Path(__file__).parents[2] / "deploy/kubernetes/base/daemonset.yaml"
+    container = yaml.safe_load(manifest.read_text())["spec"]["template"]["spec"]["containers"][0]
+    paths = [container[probe]["httpGet"]["path"] for probe in ("livenessProbe", "readinessProbe")]
+    assert sorted(paths) == ["/-/healthy", "/-/ready"]
+    for _ in range(5):
+        assert [_timed(port, path)[0] for path in paths] == [200, 200]
+    assert _timed(port, "/metrics")[0] == 401, "the one token was left for the first guarded request"
+    assert _timed(port, "/metrics", _basic("alice", "secret"))[0] == 429
+    assert exporter.stop() == 0
+
+
+def test_wrong_passwords_take_at_most_half_a_core_and_keep_no_authorised_scrape_waiting(tmp_path, start_exporter):
+    """40 connections from 40 addresses sending new wrong passwords (bcrypt cost 10): the old server checked them
+    one after another at 107% CPU. Now bcrypt rests as long as it works, so the process stays under
+    three-quarters of a core, and an authorised scrape on a new connection is answered within 2 s throughout."""
+    password = "correct horse battery staple"
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=10)).decode()
+    web = write_config(tmp_path, f"basic_auth_users: {{alice: '{hashed}'}}\n", "web.yml")
+    exporter = start_exporter("--web.config.file", web, *no_targets(tmp_path))
+    port, pid = exporter.port, exporter.process.pid
+    good = _basic("alice", password)
+    assert _timed(port, "/metrics", good)[0] == 200
+    stop = threading.Event()
+    refused: list[int] = []
+
+    def attacker(n: int) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(f"127.0.1.{n}", 0))
+        try:
+            for attempt in itertools.count():
+                if stop.is_set():
+                    return
+                connection.request("GET", "/metrics", headers=_basic("alice", f"wrong {n} {attempt}"))
+                response = connection.getresponse()
+                response.read()
+                refused.append(response.status)
+        except (OSError, http.client.HTTPException):
+            pass
+        finally:
+            connection.close()
+
+    attackers = [threading.Thread(target=attacker, args=(n,), daemon=True) for n in range(1, 41)]
+    for thread in attackers:
+        thread.start()
+    try:
+        while len(refused) < 10:  # the checks are running
+            time.sleep(0.05)
+        cpu, started = _cpu_seconds(pid), time.monotonic()
+        answers = []
+        while time.monotonic() - started < 10:
+            answers.append(_timed(port, "/metrics", good, source="127.0.0.9"))
+            time.sleep(0.3)
+        share = (_cpu_seconds(pid) - cpu) / (time.monotonic() - started)
+    finally:
+        stop.set()
+        for thread in attackers:
+            thread.join(35)
+    slowest = max(seconds for _, seconds in answers)
+    print(
+        f"{len(refused)} wrong passwords refused ({set(refused)}), process CPU {share:.2f} of a core, "
+        f"{len(answers)} authorised scrapes, the slowest {slowest:.3f} s"
+    )
+    assert {status for status, _ in answers} == {200}
+    assert slowest < 2.0
+    assert share < 0.75
+    assert set(refused) <= {401, 429} and refused.count(401) >= 20
+    assert exporter.stop() == 0
+
+
+def test_no_number_of_wrong_passwords_evicts_a_good_one(monkeypatch):
+    """The old cache was cleared whole after 1,024 passwords, so a flood of wrong ones sent the authorised
+    scraper back to bcrypt, behind the flood. Good and bad ones are now kept apart, each bounded."""
+    checks = []
+    checkpw = bcrypt.checkpw
+
+    def counted(password: bytes, hashed: bytes) -> bool:
+        checks.append(password)
+        return checkpw(password, hashed)
+
+    monkeypatch.setattr(bcrypt, "checkpw", counted)
+    watcher = WebConfigWatcher(None)
+    config = WebConfig(users={"alice": bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4))})
+    assert watcher.authorized(config, _basic("alice", "secret")["Authorization"])
+    for n in range(1100):
+        assert not watcher.authorized(config, _basic("alice", f"wrong {n}")["Authorization"])
+    assert len(checks) == 1101
+    assert watcher.authorized(config, _basic("alice", "secret")["Authorization"])
+    assert watcher.authorized(config, _basic("alice", "wrong 1099")["Authorization"]) is False
+    assert len(checks) == 1101, "both answered from the cache"
+
+
+def test_an_accept_header_prometheus_client_cannot_read_gets_the_text_format(tmp_path, start_exporter):
+    """`Accept: text/plain;version=1.x` made prometheus_client raise: a 500 and a traceback in the log for every
+    request. It gets the text format, as Go's expfmt gives what it cannot negotiate."""
+    exporter = start_exporter(*no_targets(tmp_path))
+    response = request(exporter.port, "GET", "/metrics", {"Accept": "text/plain;version=1.x"})
+    assert response.status == 200
+    assert response.getheader("Content-Type") == "text/plain; version=0.0.4; charset=utf-8"
+    assert "Traceback" not in exporter.log()
     assert exporter.stop() == 0

@@ -24,9 +24,10 @@ from . import __version__, capabilities, mountcheck, units
 from .collectors import VolprobeCollector, add_flags, enabled_from_args
 from .command import add_path_flags, host_from, report
 from .config import Config, ConfigError, from_paths, load
+from .exposition import utf8_text
 from .logs import LOG_FORMATS, setup_logging
 from .runtime import Exporter
-from .server import ExporterHTTPServer, landing_page, parse_listen_address
+from .server import ExporterHTTPServer, landing_page, parse_listen_address, raise_open_files_limit
 from .view import RuntimeView
 from .webconfig import WebConfigWatcher
 
@@ -134,6 +135,7 @@ class App:
 
     def start(self) -> None:
         """Open every listener, then start the probes: ListenError or ConfigError, and nothing left open."""
+        raise_open_files_limit()  # connections cost a descriptor each, not a thread: room for thousands
         for text, address in self.addresses:
             try:
                 self.servers.append(
@@ -157,15 +159,21 @@ class App:
             threading.Thread(target=server.serve_forever, daemon=True).start()
             server.ready.set()
         listen = ", ".join(text for text, _ in self.addresses)
-        log.info("volprobe %s listening on %s (%d probes)", __version__, listen, len(self.exporter.probes.running()))
+        log.info(
+            "volprobe %s listening on %s (%d probes; at most %d connections)",
+            __version__,
+            listen,
+            len(self.exporter.probes.running()),
+            min(server.max_connections for server in self.servers),
+        )
 
     def landing(self) -> str:
         resolved = self.exporter.probes.targets()
         return landing_page(
             [
                 (
-                    t.name,
-                    t.path,
+                    utf8_text(t.name),
+                    utf8_text(t.path),  # a path may hold a byte that is not UTF-8
                     t.device_name or "-",
                     ", ".join(f"{p.op} {units.format_size(p.block_size)}" for p in t.probes),
                 )

@@ -1,51 +1,59 @@
 """HTTP(S) endpoint: /metrics, a landing page and /-/healthy, with the exporter-toolkit web configuration.
 
-Connections are accepted plainly and, when TLS is configured, wrapped and handshaken in their own thread,
-so a slow or hostile client never holds up the accept loop, and renewed certificates apply to the next
-connection.
+Connections are served by one event loop (asyncio) in one thread, as Go's netpoller serves node_exporter's: an
+idle, slow or unauthenticated connection costs a socket and a few KiB of buffers, never a thread (issue 41: 64
+idle keep-alive connections used to fill a cap of 64 threads and keep every scrape out). The loop reads each
+request head within its bounds, answers what is cheap itself (health, errors, 401, 404, 405, 429), and hands
+what costs CPU to threads: bcrypt to one thread of its own (PasswordChecks), renders to a few workers.
 
-What an unauthenticated client can make the server hold is bounded (issue 24): at most MAX_CONNECTIONS
-connections, each with a thread; each request head (request line and headers) within HEAD_MAX_BYTES, read by
-HEAD_DEADLINE_S; and no request body, ever (one announced is refused and the connection closed).
+What a client can make the server hold is bounded:
+- each request head (request line and headers) within HEAD_MAX_BYTES, in by HEAD_DEADLINE_S (the first one
+  from accept, the TLS handshake included; a kept-alive connection may idle REQUEST_TIMEOUT_S between
+  requests), and no request body, ever (one announced is refused and the connection closed);
+- at most `max_connections` connections (MAX_CONNECTIONS, lowered to fit the open-files limit). At the bound a
+  new connection is not refused: room is made by closing a connection that is waiting (not in a request) of the
+  address holding the most, one that never made an authorised request first, the oldest first. So whoever holds
+  connections cannot keep a newcomer from another address out, nor an authorised scraper from their own;
+- a response is written within REQUEST_TIMEOUT_S, or the connection is closed;
+- /-/healthy and /-/ready need no credentials and take no rate-limit token: they tell nothing but that the
+  process answers, and a kubelet's or systemd's check has no password (exporter-toolkit guards every path; a
+  DaemonSet's httpGet probe could then never pass with basic auth on).
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import concurrent.futures
 import contextlib
 import functools
 import gzip
 import html
 import io
 import logging
-import os
-import selectors
+import resource
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from http.server import BaseHTTPRequestHandler
+from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import Collector
 
 from . import __version__, protobuf
 from .exposition import OPENMETRICS_ESCAPINGS, TextExposition
 from .osthread import name_this_thread
-from .webconfig import TokenBucket, WebConfig, WebConfigWatcher, certificate_sans
-
-if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
+from .webconfig import Credential, TokenBucket, WebConfig, WebConfigWatcher, certificate_sans
 
 log = logging.getLogger(__name__)
 
-# What socketserver hands a server's methods: a TCP server's requests are sockets (a UDP server's are pairs).
-_Request = socket.socket | tuple[bytes, socket.socket]
 _Client = tuple[Any, ...]  # (host, port), and flow and scope for IPv6
 
 # A connection's first request head must be in by HEAD_DEADLINE_S after it is accepted, the TLS handshake
@@ -55,17 +63,17 @@ HEAD_DEADLINE_S = 5.0
 # Request line plus headers. Prometheus sends well under 1 KiB; 32 KiB leaves room for a browser's cookies
 # behind a proxy (nginx's default allows 4 x 8 KiB). The stdlib bounds only each line (64 KiB) and the count (100).
 HEAD_MAX_BYTES = 32 * 1024
-# Connections served at once, each with a thread. Prometheus keeps one connection per server (two for an HA
-# pair), health checks and a person's curl add a few: 64 is ten times what is needed. What one costs before
-# any authentication: its head (up to HEAD_MAX_BYTES), the reader's 8 KiB buffer and a thread (8 MiB of stack
-# reserved, only the pages it touches resident): 45-50 KiB measured with a head at the cap, so about 3 MiB for
-# all 64 (tests/test_http.py holds 30 to at most 10 MiB), against the DaemonSet's 128 MiB. Beyond the cap a
-# connection is closed at once, unanswered and without a thread, and a scrape arriving then is refused too
-# (the scrape fails: up == 0). The trade-off: whoever holds 64 connections keeps scrapes out while it holds
-# them, but cannot take the memory or threads the probes need; and holding one takes work (a head within
-# HEAD_DEADLINE_S, then a request at least every REQUEST_TIMEOUT_S).
-MAX_CONNECTIONS = 64
+# Connections held at once. One costs a socket, its transport and buffers, a few KiB (measured in
+# tests/test_http.py and bench/connections): 4096 of them about 30 MiB at most, against the DaemonSet's 128 MiB.
+# Lowered to leave OPEN_FILES_RESERVE of the open-files limit to the probes and the rest.
+MAX_CONNECTIONS = 4096
+OPEN_FILES_RESERVE = 256
 REQUEST_TIMEOUT_S = 30.0
+# Threads that render /metrics and the landing page (rendering holds the GIL: more would not render faster).
+RENDER_WORKERS = 2
+# Password checks (bcrypt) waiting per client address; beyond, a request needing one is answered 429.
+PENDING_CHECKS_PER_ADDRESS = 4
+HEALTH_PATHS = ("/-/healthy", "/-/ready")
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:
@@ -78,9 +86,36 @@ def parse_listen_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def raise_open_files_limit() -> int:
+    """Raise the soft limit of open files to the hard one, as Go's runtime does at start for node_exporter
+    (systemd gives services 1024 soft, 524288 hard); the soft limit in force is returned."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def connection_bound() -> int:
+    """MAX_CONNECTIONS, or fewer if the open-files limit leaves less than that beside OPEN_FILES_RESERVE."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(16, min(MAX_CONNECTIONS, soft - OPEN_FILES_RESERVE))
+
+
+def _encoder(accept: str) -> tuple[Callable[[Collector], bytes], str]:
+    """prometheus_client's choice for an Accept header; its own text format where it cannot choose (it raises on
+    some malformed versions, e.g. `text/plain;version=1.x`), as Go's expfmt.Negotiate falls back."""
+    try:
+        return choose_encoder(accept)
+    except Exception:  # any header a client sends must get an answer, not a 500
+        return generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+
+
 def exposition_format(accept: str) -> str:
     """The content type a scrape with this Accept header gets."""
-    return protobuf.CONTENT_TYPE if protobuf.wanted(accept) else choose_encoder(accept)[1]
+    return protobuf.CONTENT_TYPE if protobuf.wanted(accept) else _encoder(accept)[1]
 
 
 class SharedRender:
@@ -126,10 +161,164 @@ class _Flight:
         self.error: Exception | None = None
 
 
-class ExporterHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 64
+class _Connection:
+    """What the server knows of one open connection: whose it is, whether it is in a request, and whether it
+    ever made an authorised one (what it gave up first when room is made)."""
+
+    __slots__ = ("address", "busy", "since", "transport", "trusted")
+
+    def __init__(self, address: str, transport: asyncio.WriteTransport) -> None:
+        self.address = address
+        self.transport = transport
+        self.busy = False
+        self.trusted = False
+        self.since = time.monotonic()
+
+
+class PasswordChecks:
+    """bcrypt of credentials not in the cache, one at a time on a thread of its own. The checks waiting are taken
+    one client address after another (round robin), at most PENDING_CHECKS_PER_ADDRESS from one address, and the
+    thread rests as long as each check took: failed passwords, however many, take at most half a core, and one
+    client's flood delays another client's check by one check per address, not by the flood."""
+
+    def __init__(self, web: WebConfigWatcher) -> None:
+        self.web = web
+        self._queues: collections.OrderedDict[str, collections.deque[tuple[Credential, asyncio.Future[bool]]]] = (
+            collections.OrderedDict()
+        )
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, initializer=name_this_thread, initargs=("vp auth",))
+        self._wake: asyncio.Event | None = None
+
+    async def check(self, address: str, credential: Credential) -> bool | None:
+        """Whether the credential is good; None if too many of this address's checks are waiting already."""
+        queue = self._queues.setdefault(address, collections.deque())
+        if len(queue) >= PENDING_CHECKS_PER_ADDRESS:
+            return None
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        queue.append((credential, future))
+        assert self._wake is not None, "run() is running"
+        self._wake.set()
+        return await future
+
+    async def run(self) -> None:
+        self._wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queues:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            address, queue = self._queues.popitem(last=False)
+            credential, future = queue.popleft()
+            if queue:
+                self._queues[address] = queue  # its next check after every other address's
+            if future.done():  # its connection went meanwhile
+                continue
+            started = time.monotonic()
+            try:
+                result = await loop.run_in_executor(self._pool, self.web.check, credential)
+            except Exception as err:  # the request fails, the checks go on
+                future.set_exception(err)
+            else:
+                if not future.done():
+                    future.set_result(result)
+            await asyncio.sleep(time.monotonic() - started)  # at most half a core
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Stream:
+    """A connection's bytes, plain or through TLS (an SSLObject over memory buffers, so that a failed handshake
+    still sends its alert, which asyncio's own TLS drops), read a line at a time into a buffer of its own."""
+
+    READ_SIZE = 16 * 1024
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.buffer = bytearray()
+        self.tls: ssl.SSLObject | None = None
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+
+    async def handshake(self, context: ssl.SSLContext) -> None:
+        self.tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        while True:
+            try:
+                self.tls.do_handshake()
+            except ssl.SSLWantReadError:
+                self._send_outgoing()  # the handshake's next flight
+                await self._receive()
+            except ssl.SSLError:
+                self._send_outgoing()  # its alert
+                raise
+            else:
+                self._send_outgoing()
+                return
+
+    def peercert(self) -> dict[str, Any] | None:
+        return self.tls.getpeercert() if self.tls is not None else None
+
+    def write(self, data: bytes) -> None:
+        if self.tls is None:
+            self.writer.write(data)
+        else:
+            self.tls.write(data)
+            self._send_outgoing()
+
+    async def wait_for_data(self) -> None:
+        """Until some of a request is in (EOFError if the connection closes first)."""
+        while not self.buffer:
+            await self._fill()
+
+    async def readline(self, limit: int) -> bytes | None:
+        """The next line, its newline included; None if none ends within `limit` bytes; EOFError at the end."""
+        while True:
+            end = self.buffer.find(b"\n", 0, limit)
+            if end >= 0:
+                line = bytes(self.buffer[: end + 1])
+                del self.buffer[: end + 1]
+                return line
+            if len(self.buffer) >= limit:
+                return None
+            await self._fill()
+
+    async def _fill(self) -> None:
+        if self.tls is None:
+            self.buffer += await self._read()
+            return
+        while True:
+            try:
+                data = self.tls.read(self.READ_SIZE)
+            except ssl.SSLWantReadError:
+                self._send_outgoing()  # TLS 1.3 sends session tickets after the handshake
+                await self._receive()
+                continue
+            except ssl.SSLZeroReturnError:  # the client's close_notify
+                raise EOFError from None
+            self._send_outgoing()
+            if not data:
+                raise EOFError
+            self.buffer += data
+            return
+
+    async def _receive(self) -> None:
+        self._incoming.write(await self._read())
+
+    async def _read(self) -> bytes:
+        data = await self.reader.read(self.READ_SIZE)
+        if not data:
+            raise EOFError
+        return data
+
+    def _send_outgoing(self) -> None:
+        if self._outgoing.pending:
+            self.writer.write(self._outgoing.read())
+
+
+class ExporterHTTPServer:
+    """One listening socket, served by an event loop in the thread that calls serve_forever()."""
 
     def __init__(
         self,
@@ -140,7 +329,7 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         telemetry_path: str = "/metrics",
     ) -> None:
         host = address[0]
-        self.address_family = socket.AF_INET6 if (not host or ":" in host) else socket.AF_INET
+        family = socket.AF_INET6 if (not host or ":" in host) else socket.AF_INET
         self.registry = registry
         self.web = web
         self.landing = landing or (lambda: "")
@@ -148,45 +337,69 @@ class ExporterHTTPServer(ThreadingHTTPServer):
         self.ready = threading.Event()
         self.renders = SharedRender(self._render)
         self.text = TextExposition()  # remembers series' text from one scrape to the next, in either format
-        self._stop_reading, self._stop_writing = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._stopping = False
+        self.max_connections = connection_bound()
+        self.connections: dict[_Connection, None] = {}  # open ones, oldest first
+        self.passwords = PasswordChecks(web)
+        self._bucket: TokenBucket | None = None  # rate_limit: one per listener, as in exporter-toolkit
+        self._evictions_logged = -60.0  # monotonic time of the last warning that room was made
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
         self._stopped = threading.Event()
         self._stopped.set()  # not serving yet: shutdown() has nothing to wait for
-        self._bucket: TokenBucket | None = None  # rate_limit: one per listener, as in exporter-toolkit
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._refusal_logged = -60.0  # monotonic time of the last warning that the cap was reached
-        # finish_request() makes each _Handler itself, with its head's deadline: socketserver never calls it.
-        super().__init__((host or "::", address[1]), _Handler)  # type: ignore[arg-type]
-
-    def serve_forever(self, poll_interval: float = 0.0) -> None:
-        """Accept until shutdown(). socketserver's loop wakes every poll_interval to look for a shutdown
-        request: idle, that is the exporter's most frequent wake-up. This one sleeps until a connection or
-        shutdown() arrives."""
-        self._stopped.clear()
-        name_this_thread("vp http")
+        self._workers = concurrent.futures.ThreadPoolExecutor(
+            RENDER_WORKERS, initializer=name_this_thread, initargs=("vp http",)
+        )
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
         try:
-            with selectors.DefaultSelector() as selector:
-                selector.register(self, selectors.EVENT_READ)
-                selector.register(self._stop_reading, selectors.EVENT_READ)
-                while not self._stopping:
-                    for key, _ in selector.select():
-                        if key.fileobj is self and not self._stopping:
-                            self._handle_request_noblock()  # type: ignore[attr-defined]  # not in typeshed
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                with contextlib.suppress(OSError):  # one socket for IPv4 and IPv6, as Go's ":port" does
+                    self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            self.socket.bind((host or "::", address[1]))
+            self.socket.listen(socket.SOMAXCONN)
+        except BaseException:
+            self.socket.close()
+            raise
+        self.server_address: _Client = self.socket.getsockname()
+
+    # -- running ---------------------------------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        """Serve until shutdown() (called from another thread)."""
+        name_this_thread("vp http")
+        self._stopped.clear()
+        try:
+            asyncio.run(self._serve())
         finally:
             self._stopped.set()
 
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        checks = asyncio.create_task(self.passwords.run())
+        server = await asyncio.start_server(self._connection, sock=self.socket, limit=HEAD_MAX_BYTES)
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()
+            for connection in list(self.connections):
+                connection.transport.abort()
+            checks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checks
+
     def shutdown(self) -> None:
         """Stop serve_forever() (running in another thread) and wait for it."""
-        self._stopping = True
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._stop_writing, b"x")
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop ended already
+                loop.call_soon_threadsafe(stop.set)
         self._stopped.wait()
 
     def server_close(self) -> None:
-        super().server_close()
-        for fd in (self._stop_reading, self._stop_writing):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self.socket.close()
+        self.passwords.close()
+        self._workers.shutdown(wait=False, cancel_futures=True)
 
     def allow(self, config: WebConfig) -> bool:
         """rate_limit: False when the request is over the limit (answered 429, before authentication)."""
@@ -200,7 +413,7 @@ class ExporterHTTPServer(ThreadingHTTPServer):
     def _render(self, accept: str) -> tuple[bytes, str]:
         if protobuf.wanted(accept):  # native histograms: only for a scraper that asks for it first
             return protobuf.generate(self.registry), protobuf.CONTENT_TYPE
-        encoder, content_type = choose_encoder(accept)
+        encoder, content_type = _encoder(accept)
         if encoder is generate_latest:  # the text format: the same bytes, rendered faster
             return self.text.generate(self.registry), content_type
         escaping = _openmetrics_escaping(encoder)
@@ -208,69 +421,140 @@ class ExporterHTTPServer(ThreadingHTTPServer):
             return self.text.generate_openmetrics(self.registry, escaping), content_type
         return encoder(self.registry), content_type
 
-    def server_bind(self) -> None:
-        if self.address_family == socket.AF_INET6:
-            try:  # one socket for IPv4 and IPv6, as Go's ":port" does
-                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            except OSError:
-                pass
-        super().server_bind()
+    # -- connections -----------------------------------------------------------------------------------------
 
-    def process_request(self, request: _Request, client_address: _Client) -> None:
-        """A thread for the connection if fewer than MAX_CONNECTIONS are open; beyond, it is closed at once."""
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            now = time.monotonic()
-            if now - self._refusal_logged >= 60:  # once a minute at most: a flood must not flood the log too
-                self._refusal_logged = now
-                log.warning(
-                    "%d connections open, the most served at once: new ones are closed unanswered (from %s)",
-                    MAX_CONNECTIONS,
-                    client_address[0],
-                )
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:  # no thread started: nothing else will give the slot back
-            self._slots.release()
-            raise
+    def _make_room(self) -> None:
+        """At the bound: close a waiting connection of the address holding the most, one never authorised first,
+        the oldest first. If every connection is in a request, none is closed (the new one goes over the bound
+        for as long as they take, which REQUEST_TIMEOUT_S bounds)."""
+        held = collections.Counter(connection.address for connection in self.connections)
+        for address, _ in held.most_common():
+            waiting = [c for c in self.connections if c.address == address and not c.busy]
+            if waiting:
+                victim = min(waiting, key=lambda c: (c.trusted, c.since))
+                victim.transport.abort()
+                del self.connections[victim]
+                now = time.monotonic()
+                if now - self._evictions_logged >= 60:  # once a minute at most: a flood must not flood the log
+                    self._evictions_logged = now
+                    log.warning(
+                        "%d connections open, the most held at once: closing the oldest waiting one of %s "
+                        "(%d open) to make room",
+                        self.max_connections,
+                        address,
+                        held[address],
+                    )
+                return
 
-    def process_request_thread(self, request: _Request, client_address: _Client) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def finish_request(self, request: _Request, client_address: _Client) -> None:
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         deadline = time.monotonic() + HEAD_DEADLINE_S  # for the first request's head, the handshake included
-        assert isinstance(request, socket.socket)  # a TCP server's
-        config = self.web.current()
-        connection: socket.socket = request
-        # The headers and the body go out in two writes; with Nagle's algorithm the body's last segment would
-        # wait for the client's delayed ACK of the headers (40 ms on Linux). Go's servers set this too.
-        with contextlib.suppress(OSError):
-            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if config.tls is not None:
-            request.settimeout(HEAD_DEADLINE_S)  # ssl bounds the whole handshake by it, not each read
-            try:
-                connection = config.tls.wrap_socket(request, server_side=True)
-            except (ssl.SSLError, OSError) as err:
-                log.debug("TLS handshake with %s failed: %s", client_address[0], err)
-                return
-            if config.allowed_sans is not None and not _allowed(connection, config.allowed_sans):
-                # Go's exporter-toolkit fails the handshake here; the connection is closed unanswered alike.
-                log.debug("client %s refused: no SAN in client_allowed_sans", client_address[0])
-                connection.close()
-                return
+        client: _Client = writer.get_extra_info("peername") or ("", 0)
+        if len(self.connections) >= self.max_connections:
+            self._make_room()
+        connection = _Connection(str(client[0]), writer.transport)
+        self.connections[connection] = None
+        sock = writer.get_extra_info("socket")
+        # A response larger than the socket buffer would wait for delayed ACKs under Nagle's algorithm. Go's
+        # servers set this too.
+        with contextlib.suppress(OSError, AttributeError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        stream = _Stream(reader, writer)
         try:
-            connection.settimeout(REQUEST_TIMEOUT_S)
-            _Handler(connection, client_address, self, deadline)
+            config = self.web.current()
+            if config.tls is not None and not await self._handshake(stream, config, deadline, client):
+                return
+            first = True
+            while True:
+                head = await self._read_head(stream, deadline if first else None, client)
+                first = False
+                if head is None:
+                    return
+                connection.busy = True
+                response, close = await self._answer(head, client, connection)
+                stream.write(response)
+                async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                    await writer.drain()
+                connection.busy = False
+                connection.since = time.monotonic()
+                if close:
+                    return
+        except (OSError, TimeoutError, ssl.SSLError) as err:
+            log.debug("connection from %s ended: %r", client[0], err)
+        except Exception:
+            log.exception("connection from %s failed", client[0])
         finally:
-            if connection is not request:
-                connection.close()
+            self.connections.pop(connection, None)
+            writer.close()  # what is left of the response goes out, or is dropped by REQUEST_TIMEOUT_S
+            asyncio.get_running_loop().call_later(REQUEST_TIMEOUT_S, writer.transport.abort)
 
-    def handle_error(self, request: _Request, client_address: _Client) -> None:
-        log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+    async def _handshake(self, stream: _Stream, config: WebConfig, deadline: float, client: _Client) -> bool:
+        assert config.tls is not None
+        try:
+            async with asyncio.timeout_at(_loop_time(deadline)):
+                await stream.handshake(config.tls)
+        except (ssl.SSLError, OSError, TimeoutError, EOFError) as err:
+            log.debug("TLS handshake with %s failed: %r", client[0], err)
+            return False
+        if config.allowed_sans is not None:
+            certificate = stream.peercert()
+            if not certificate or not any(name in config.allowed_sans for name in certificate_sans(certificate)):
+                # Go's exporter-toolkit fails the handshake here; the connection is closed unanswered alike.
+                log.debug("client %s refused: no SAN in client_allowed_sans", client[0])
+                return False
+        return True
+
+    async def _read_head(self, stream: _Stream, deadline: float | None, client: _Client) -> bytes | None:
+        """The next request head, from request line to blank line; _TOO_LARGE when over HEAD_MAX_BYTES. None when
+        the connection is to close unanswered: the client closed it, was idle past REQUEST_TIMEOUT_S (kept
+        alive: `deadline` None), or missed the head's deadline."""
+        head = bytearray()
+        try:
+            if deadline is None:  # kept alive: the next request may take the idle timeout to begin
+                async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                    await stream.wait_for_data()
+                deadline = time.monotonic() + HEAD_DEADLINE_S
+            async with asyncio.timeout_at(_loop_time(deadline)):
+                while True:
+                    line = await stream.readline(HEAD_MAX_BYTES + 1 - len(head))
+                    if line is None:
+                        return _TOO_LARGE
+                    head += line
+                    if line in (b"\r\n", b"\n"):  # the end (or a blank request line)
+                        return bytes(head)
+        except EOFError:
+            return None  # closed by the client, between requests or mid-head
+        except TimeoutError:
+            log.debug("%s: no complete request head in time; connection closed", client[0])
+            return None
+
+    async def _answer(self, head: bytes, client: _Client, connection: _Connection) -> tuple[bytes, bool]:
+        """The response to one request head, and whether the connection closes after it."""
+        config = self.web.current()  # each request sees the web config as it is when it arrives
+        handler = _Handler(self, client, head, config)
+        if handler.parsed:
+            handler.limited = not handler.exempt() and not self.allow(config)
+            if not handler.limited and handler.guarded():
+                verdict = self.web.verdict(config, handler.headers.get("Authorization"))
+                if not isinstance(verdict, bool):
+                    checked = await self.passwords.check(connection.address, verdict)
+                    handler.limited = checked is None
+                    verdict = bool(checked)
+                handler.authorized = verdict
+                connection.trusted = connection.trusted or verdict
+            if handler.costly():
+                await asyncio.get_running_loop().run_in_executor(self._workers, handler.respond)
+            else:
+                handler.respond()
+        return handler.response.getvalue(), handler.close_connection
+
+
+_TOO_LARGE = b"\0"  # _read_head's mark of a head over HEAD_MAX_BYTES: no request head is a NUL alone
+
+
+def _loop_time(deadline: float) -> float:
+    """A time.monotonic() deadline in the running loop's clock (the same clock, by default)."""
+    loop = asyncio.get_running_loop()
+    return loop.time() + (deadline - time.monotonic())
 
 
 def _openmetrics_escaping(encoder: Callable[[Collector], bytes]) -> str | None:
@@ -285,57 +569,63 @@ def _openmetrics_escaping(encoder: Callable[[Collector], bytes]) -> str | None:
     return escaping if escaping in OPENMETRICS_ESCAPINGS else None
 
 
-def _allowed(connection: ssl.SSLSocket, allowed: tuple[str, ...]) -> bool:
-    """client_allowed_sans: the verified client certificate names one of them."""
-    certificate = connection.getpeercert()
-    if not certificate:
-        return False
-    return any(name in allowed for name in certificate_sans(certificate))
-
-
-class _HeadTooLarge(Exception):
-    """A request head over HEAD_MAX_BYTES."""
-
-
-class _DeadlineIO(socket.SocketIO):
-    """A connection's raw reads. While `deadline` is set (a request head is being read), each recv may wait only
-    until then: a socket timeout bounds each recv, not their sum, so a client sending a byte at a time would
-    otherwise be waited for without end."""
-
-    def __init__(self, connection: socket.socket) -> None:
-        super().__init__(connection, "rb")
-        self.connection = connection
-        self.deadline: float | None = None
-
-    def readinto(self, buffer: WriteableBuffer) -> int | None:
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the request head was not in by its deadline")
-            self.connection.settimeout(left)
-        return super().readinto(buffer)
-
-
 class _Handler(BaseHTTPRequestHandler):
-    server: ExporterHTTPServer
+    """One request: parsed from its head by the stdlib's parser, answered into `wfile` (bytes the loop then
+    writes). Not a socketserver handler: no socket, no thread of its own."""
+
+    server: ExporterHTTPServer  # type: ignore[assignment]
     server_version = f"volprobe/{__version__}"
     protocol_version = "HTTP/1.1"
     # A request line that does not parse still gets a status line (the stdlib's default, HTTP/0.9, sends the
     # error page bare).
     default_request_version = "HTTP/1.0"
 
-    def __init__(
-        self, request: socket.socket, client_address: _Client, server: ExporterHTTPServer, head_deadline: float
-    ) -> None:
-        self._head_deadline = head_deadline  # the first request's: set at accept
-        self._heads = 0  # request heads begun on this connection
-        super().__init__(request, client_address, server)  # serves the connection
+    def __init__(self, server: ExporterHTTPServer, client_address: _Client, head: bytes, config: WebConfig) -> None:
+        # Not BaseRequestHandler.__init__, which would serve a socket.
+        self.server = server
+        self.client_address = client_address
+        self.rfile = io.BytesIO(head)
+        self.wfile = self.response = io.BytesIO()
+        self._config = config
+        self.close_connection = True
+        self.limited = False  # over the rate limit, or too many password checks waiting: 429
+        self.authorized = False
+        self.parsed = self._parse(head)
 
-    def setup(self) -> None:
-        super().setup()
-        self.rfile.close()  # the socket's own reader: replaced by one that keeps the head's deadline
-        self._reader = _DeadlineIO(self.connection)
-        self.rfile = self._buffered = io.BufferedReader(self._reader)
+    def _parse(self, head: bytes) -> bool:
+        """The stdlib's handle_one_request up to the method call: False when answered already (or to close)."""
+        self.command = self.requestline = self.request_version = ""
+        if head is _TOO_LARGE:
+            self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, explain=f"over {HEAD_MAX_BYTES} bytes")
+            return False
+        self.raw_requestline = self.rfile.readline(HEAD_MAX_BYTES + 1)
+        if not self.parse_request():
+            return False
+        if not hasattr(self, "do_" + self.command):
+            self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"Unsupported method ({self.command!r})")
+            return False
+        return True
+
+    @property
+    def route(self) -> str:
+        return urlsplit(self.path).path
+
+    def exempt(self) -> bool:
+        """Health checks: no rate limit, no credentials."""
+        return self.command in ("GET", "HEAD") and self.route in HEALTH_PATHS
+
+    def guarded(self) -> bool:
+        """Answered only with credentials (when basic_auth_users has any)."""
+        return self.command in ("GET", "HEAD") and self.route not in HEALTH_PATHS
+
+    def costly(self) -> bool:
+        """Answered by a render worker: a render, or the landing page (which reads the targets)."""
+        return (
+            self.guarded() and self.authorized and not self.limited and self.route in (self.server.telemetry_path, "/")
+        )
+
+    def respond(self) -> None:
+        getattr(self, "do_" + self.command)()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
@@ -349,53 +639,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
-
-    _config: WebConfig | None = None  # the web config of the request being answered
-
-    def handle_one_request(self) -> None:
-        self._config = None  # each request sees the web config as it is when it arrives, as exporter-toolkit's
-        try:
-            head = self._read_head()
-        except _HeadTooLarge:
-            self.requestline = self.request_version = self.command = ""  # as the stdlib has them for its 414
-            self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, explain=f"over {HEAD_MAX_BYTES} bytes")
-            return
-        if head is None:
-            self.close_connection = True
-            return
-        # The stdlib parses the head read here, from memory: the limits above bound what it reads.
-        reader, self.rfile = self.rfile, io.BytesIO(head)
-        try:
-            super().handle_one_request()
-        finally:
-            self.rfile = reader
-
-    def _read_head(self) -> bytes | None:
-        """The next request head, from request line to blank line. None when the connection is to close
-        unanswered: the client closed it, was idle past REQUEST_TIMEOUT_S, or missed the head's deadline."""
-        try:
-            if self._heads:  # kept alive: the next request may take the idle timeout to begin
-                if not self._buffered.peek(1):
-                    return None
-                self._head_deadline = time.monotonic() + HEAD_DEADLINE_S
-            self._heads += 1
-            self._reader.deadline = self._head_deadline
-            head = bytearray()
-            while True:
-                line = self._buffered.readline(HEAD_MAX_BYTES + 1 - len(head))
-                head += line
-                if len(head) > HEAD_MAX_BYTES:
-                    raise _HeadTooLarge
-                if not line.endswith(b"\n"):
-                    return None  # closed by the client mid-head
-                if line in (b"\r\n", b"\n"):  # the blank line that ends the head (or a blank request line)
-                    return bytes(head)
-        except TimeoutError:
-            log.debug("%s: no complete request head in time; connection closed", self.address_string())
-            return None
-        finally:
-            self._reader.deadline = None
-            self.connection.settimeout(REQUEST_TIMEOUT_S)  # for the response, and the idle wait after it
 
     def parse_request(self) -> bool:
         if not super().parse_request():
@@ -419,22 +662,14 @@ class _Handler(BaseHTTPRequestHandler):
         """No "100 Continue": a body is never read, and one announced is refused above with a final status."""
         return True
 
-    def _web(self) -> WebConfig:
-        if self._config is None:
-            self._config = self.server.web.current()
-        return self._config
-
     def end_headers(self) -> None:
         # The security headers of http_server_config go on every response, the stdlib's error pages too.
-        for name, value in self._web().headers.items():
+        for name, value in self._config.headers.items():
             self.send_header(name, value)
         super().end_headers()
 
-    def _over_limit(self) -> bool:
-        if self.server.allow(self._web()):
-            return False
+    def _too_many(self) -> None:
         self._send(429, b"Too Many Requests\n", "text/plain; charset=utf-8")
-        return True
 
     def do_HEAD(self) -> None:
         self.do_GET()
@@ -442,17 +677,23 @@ class _Handler(BaseHTTPRequestHandler):
     def _method_not_allowed(self) -> None:
         """Scrapes are GET (or HEAD): anything else gets 405 and what is allowed, not the stdlib's 501."""
         self.close_connection = True
-        if self._over_limit():
+        if self.limited:
+            self._too_many()
             return
         self._send(405, b"Method Not Allowed\n", "text/plain; charset=utf-8", {"Allow": "GET, HEAD"})
 
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _method_not_allowed
 
     def do_GET(self) -> None:
-        if self._over_limit():
+        path = self.route
+        if path in HEALTH_PATHS:
+            ready = path == "/-/healthy" or self.server.ready.is_set()
+            self._send(200 if ready else 503, b"OK\n" if ready else b"Starting\n", "text/plain; charset=utf-8")
             return
-        config = self._web()
-        if not self.server.web.authorized(config, self.headers.get("Authorization")):
+        if self.limited:
+            self._too_many()
+            return
+        if not self.authorized:
             self._send(
                 401,
                 b"Unauthorized\n",
@@ -460,7 +701,6 @@ class _Handler(BaseHTTPRequestHandler):
                 {"WWW-Authenticate": 'Basic realm="volprobe"'},
             )
             return
-        path = urlsplit(self.path).path
         if path == self.server.telemetry_path:
             try:
                 body, content_type = self.server.renders.get(self.headers.get("Accept", ""))
@@ -473,9 +713,6 @@ class _Handler(BaseHTTPRequestHandler):
                 body = gzip.compress(body, compresslevel=1)
                 extra["Content-Encoding"] = "gzip"
             self._send(200, body, content_type, extra)
-        elif path in ("/-/healthy", "/-/ready"):
-            ready = path == "/-/healthy" or self.server.ready.is_set()
-            self._send(200 if ready else 503, b"OK\n" if ready else b"Starting\n", "text/plain; charset=utf-8")
         elif path == "/" and self.server.telemetry_path != "/":
             self._send(200, self.server.landing().encode(), "text/html; charset=utf-8")
         else:

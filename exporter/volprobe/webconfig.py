@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import contextlib
 import functools
 import hashlib
@@ -33,7 +34,7 @@ from typing import Any
 import bcrypt
 import yaml
 
-from . import schema
+from . import schema, yamlfile
 from .config import ConfigError
 from .schema import key_path, section, setting
 
@@ -539,7 +540,7 @@ def parse(text: str, base: str = ".") -> WebConfig:
     """The web config in `text`; relative file names are taken from `base`. ConfigError lists every problem."""
     d = _Decoder()
     try:
-        document = yaml.compose(text, Loader=yaml.SafeLoader)
+        document = yaml.compose(text, Loader=yamlfile.Loader)
     except yaml.YAMLError as err:
         raise ConfigError([f"web config: not valid YAML: {err}"]) from None
     web = d.build(WebDocument, document, "", named="web config")
@@ -575,14 +576,15 @@ def parse(text: str, base: str = ".") -> WebConfig:
 
 
 def load(path: str) -> WebConfig:
+    """The web config in the file at `path` (yamlfile: bounded size and nesting, UTF-8): ConfigError, naming
+    the file, for anything wrong with it."""
     try:
-        with open(path, encoding="utf-8") as f:
-            stamp = file_stamp(path, os.fstat(f.fileno()))
-            text = f.read()
+        text, info = yamlfile.read(path)
     except OSError as err:
-        raise ConfigError([f"{path}: cannot read: {err.strerror}"]) from None
-    except UnicodeDecodeError as err:
-        raise ConfigError([f"{path}: not UTF-8 text: {err}"]) from None
+        raise ConfigError([f"{path}: cannot read: {err.strerror or err}"]) from None
+    except ValueError as err:
+        raise ConfigError([f"{path}: {err}"]) from None
+    stamp = file_stamp(path, info)
     try:
         config = parse(text, os.path.dirname(os.path.abspath(path)))
     except ConfigError as err:
@@ -634,9 +636,11 @@ class WebConfigWatcher:
         self._lock = threading.Lock()
         self._stamp: tuple[tuple[Any, ...], ...] | None = None
         self._config = WebConfig()
-        self._auth_cache: dict[tuple[str, bytes], bool] = {}
-        self._bcrypt = threading.Lock()  # one bcrypt at a time, as exporter-toolkit: bad passwords cannot take
-        # every core from the probes
+        # Passwords checked: (user, sha256 of hash and password), good and bad apart (see check()).
+        self._good: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
+        self._bad: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._bcrypt = threading.Lock()  # authorized(): one bcrypt at a time (the server has PasswordChecks)
         if path:
             self._config = load(path)
             self._stamp = self._config.stamps
@@ -660,7 +664,9 @@ class WebConfigWatcher:
                     self._stamp = stamp
                     try:
                         self._config = load(self.path)
-                        self._auth_cache.clear()
+                        with self._cache_lock:
+                            self._good.clear()
+                            self._bad.clear()
                         self._stamp = self._config.stamps
                         self.last_reload_successful = True
                         self.last_reload_success_time = time.time()
@@ -670,8 +676,9 @@ class WebConfigWatcher:
                         log.error("web config %s not reloaded, keeping the previous one: %s", self.path, err)
         return self._config
 
-    def authorized(self, config: WebConfig, header: str | None) -> bool:
-        """Check an Authorization header against basic_auth_users; bcrypt results are cached per password."""
+    def verdict(self, config: WebConfig, header: str | None) -> bool | Credential:
+        """Whether an Authorization header passes basic_auth_users, when that is known without bcrypt (no users,
+        no or malformed header, a password checked before); else the Credential for check()."""
         if not config.users:
             return True
         if not header or not header.startswith("Basic "):
@@ -684,15 +691,33 @@ class WebConfigWatcher:
         # An unknown user costs a bcrypt as a known one does, and is cached alike: no telling names apart.
         checked = hashed if hashed is not None else _UNKNOWN_USER_HASH
         digest = hashlib.sha256(checked + b"\0" + password.encode()).digest()
-        cache_key = (user, digest)
-        cached = self._auth_cache.get(cache_key)
-        if cached is None:
-            with self._bcrypt:
-                try:
-                    cached = bcrypt.checkpw(password.encode(), checked) and hashed is not None
-                except ValueError:  # bcrypt 5 refuses passwords over 72 bytes: a mismatch, not an error
-                    cached = False
-            if len(self._auth_cache) > 1024:
-                self._auth_cache.clear()
-            self._auth_cache[cache_key] = cached
-        return hmac.compare_digest(b"1" if cached else b"0", b"1")
+        credential = Credential(user, password.encode(), checked, hashed is not None, digest)
+        with self._cache_lock:
+            if credential.key in self._good:
+                self._good.move_to_end(credential.key)
+                return True
+            if credential.key in self._bad:
+                return False
+        return credential
+
+    def check(self, credential: Credential) -> bool:
+        """bcrypt the credential, and remember the result: good ones and bad ones apart, each bounded, the least
+        recently used going first, so that no number of wrong passwords evicts a good one."""
+        try:
+            good = bcrypt.checkpw(credential.password, credential.hashed) and credential.known_user
+        except ValueError:  # bcrypt 5 refuses passwords over 72 bytes: a mismatch, not an error
+            good = False
+        with self._cache_lock:
+            cache, bound = (self._good, GOOD_CREDENTIALS) if good else (self._bad, BAD_CREDENTIALS)
+            cache[credential.key] = None
+            while len(cache) > bound:
+                cache.popitem(last=False)
+        return good
+
+    def authorized(self, config: WebConfig, header: str | None) -> bool:
+        """Check an Authorization header against basic_auth_users; bcrypt results are cached per password."""
+        verdict = self.verdict(config, header)
+        if isinstance(verdict, bool):
+            return verdict
+        with self._bcrypt:
+            return self.check(verdict)
