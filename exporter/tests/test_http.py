@@ -7,19 +7,31 @@ from __future__ import annotations
 import base64
 import http.client
 import itertools
+import logging
 import os
 import re
 import select
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import bcrypt
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
-from volprobe.server import HEAD_DEADLINE_S, HEAD_MAX_BYTES, OPEN_FILES_RESERVE, RENDER_WORKERS, SharedRender
+from volprobe.server import (
+    HEAD_DEADLINE_S,
+    HEAD_MAX_BYTES,
+    OPEN_FILES_RESERVE,
+    RENDER_WORKERS,
+    ExporterHTTPServer,
+    SharedRender,
+)
 from volprobe.webconfig import WebConfig, WebConfigWatcher
 
 from .support.connections import exchange, read_until_closed
@@ -483,3 +495,66 @@ def test_an_accept_header_prometheus_client_cannot_read_gets_the_text_format(tmp
     assert response.getheader("Content-Type") == "text/plain; version=0.0.4; charset=utf-8"
     assert "Traceback" not in exporter.log()
     assert exporter.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def serving_with_auth(tmp_path_factory) -> Iterator[tuple[int, list[logging.LogRecord]]]:
+    """An ExporterHTTPServer in this process with basic auth on, and the warnings and errors it logs."""
+    tmp_path = tmp_path_factory.mktemp("auth")
+    hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4)).decode()
+    web = Path(write_config(tmp_path, f"basic_auth_users: {{alice: '{hashed}'}}\n", "web.yml"))
+    server = ExporterHTTPServer(("127.0.0.1", 0), CollectorRegistry(), WebConfigWatcher(str(web)))
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("volprobe").addHandler(handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.ready.set()
+    try:
+        yield server.server_address[1], records
+    finally:
+        server.shutdown()
+        server.server_close()
+        logging.getLogger("volprobe").removeHandler(handler)
+
+
+HEADER_NAMES = ["Authorization", "Accept", "Accept-Encoding", "Host", "Connection", "X-Anything"]
+HEADER_VALUE = st.binary(max_size=48).filter(lambda value: b"\r" not in value and b"\n" not in value)
+AUTHORIZATION = st.one_of(
+    HEADER_VALUE.map(lambda value: b"Basic " + value),
+    st.binary(max_size=24).map(lambda raw: b"Basic " + base64.b64encode(b"alice:" + raw)),
+    st.binary(max_size=24).map(lambda raw: b"Basic " + base64.b64encode(raw + b":secret")),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    method=st.sampled_from([b"GET", b"HEAD", b"POST", b"BREW"]),
+    path=st.sampled_from([b"/metrics", b"/", b"/-/healthy", b"/nonesuch"]).flatmap(
+        lambda base: st.binary(max_size=12).map(
+            lambda tail: base + tail.replace(b" ", b"").replace(b"\r", b"").replace(b"\n", b"")
+        )
+    ),
+    headers=st.lists(st.tuples(st.sampled_from(HEADER_NAMES), HEADER_VALUE), max_size=4),
+    authorization=st.one_of(st.none(), AUTHORIZATION),
+)
+def test_any_bytes_in_a_request_head_get_a_status_never_a_traceback(
+    serving_with_auth, method, path, headers, authorization
+):
+    """Every input is bytes until proven text: a header with a byte beyond ASCII in its Basic credentials made
+    base64 raise a ValueError no one caught. Whatever the head holds, it gets a status line, and nothing is
+    logged above debug."""
+    lines = [method + b" " + path + b" HTTP/1.1"] + [name.encode() + b": " + value for name, value in headers]
+    if authorization is not None:
+        lines.append(b"Authorization: " + authorization)
+    head = b"\r\n".join(lines) + b"\r\n\r\n"
+    port, records = serving_with_auth
+    records.clear()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head)
+        reply = b""
+        while b"\r\n\r\n" not in reply and (chunk := sock.recv(65536)):  # the status line and headers
+            reply += chunk
+    assert reply.startswith((b"HTTP/1.1 ", b"HTTP/1.0 ")), (head, reply)
+    assert [record.getMessage() for record in records] == []

@@ -14,7 +14,6 @@ previous configuration stays in force until the files are whole again.
 from __future__ import annotations
 
 import base64
-import binascii
 import collections
 import contextlib
 import functools
@@ -685,7 +684,7 @@ class WebConfigWatcher:
             return False
         try:
             user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # not base64 (binascii.Error), a byte beyond ASCII in it, or not UTF-8 behind it
             return False
         hashed = config.users.get(user)
         # An unknown user costs a bcrypt as a known one does, and is cached alike: no telling names apart.
