@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from volprobe import __version__
+
 from .support.harness import REPO, volprobe_command
 
 BASE = REPO / "deploy" / "kubernetes" / "base"
@@ -175,7 +177,7 @@ def test_an_overlay_with_the_component_builds_with_the_release_label_and_your_im
     for kind in ("ServiceMonitor", "PrometheusRule"):
         assert objects[kind]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     (container,) = objects["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == "registry.example.com/volprobe:0.1.0"
+    assert container["image"] == f"registry.example.com/volprobe:{__version__}"  # the tag is the version
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (its built-in kustomize) is not installed")

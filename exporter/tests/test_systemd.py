@@ -88,3 +88,22 @@ def test_probes_never_run_at_the_idle_io_class():
         "MemoryMax=",
     ):
         assert directive in text, directive
+
+
+def test_extra_flags_come_from_the_environment_file_as_debians_node_exporter_takes_them(root):
+    """EnvironmentFile=-/etc/default/volprobe (optional: the leading '-'), its ARGS= appended to ExecStart, split
+    into words: what systemd resolves the command line to, with and without the file."""
+    text = (UNITS / "volprobe.service").read_text()
+    assert "\nEnvironmentFile=-/etc/default/volprobe\n" in text
+    (exec_start,) = [line for line in text.splitlines() if line.startswith("ExecStart=")]
+    assert exec_start.endswith(" $ARGS"), exec_start
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    (root / "etc/default").mkdir(parents=True)
+    (root / "etc/default/volprobe").write_text('ARGS="--log.format json --web.max-requests 5"\n')
+    result = subprocess.run(
+        ["systemd-analyze", "verify", f"--root={root}", "/etc/systemd/system/volprobe.service"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr

@@ -13,21 +13,29 @@ import gc
 import logging
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from types import FrameType
+from typing import Any
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from . import __version__, capabilities, mountcheck, units
+from . import __version__, capabilities, mountcheck, units, version
 from .collectors import VolprobeCollector, add_flags, enabled_from_args
 from .command import add_path_flags, host_from, report
 from .config import Config, ConfigError, from_paths, load
 from .exposition import utf8_text
-from .logs import LOG_FORMATS, setup_logging
+from .logs import LOG_FORMATS, fields, problem_key, setup_logging
 from .runtime import Exporter
-from .server import ExporterHTTPServer, landing_page, parse_listen_address, raise_open_files_limit
+from .server import (
+    ExporterHTTPServer,
+    landing_page,
+    parse_listen_address,
+    raise_open_files_limit,
+    systemd_sockets,
+)
 from .view import RuntimeView
 from .webconfig import WebConfigWatcher
 
@@ -54,12 +62,54 @@ def parser() -> argparse.ArgumentParser:
         "--web.telemetry-path", dest="telemetry_path", default="/metrics", help="path of the metrics (default /metrics)"
     )
     parser.add_argument("--web.config.file", dest="web_config", help="exporter-toolkit web config (TLS, basic auth)")
+    parser.add_argument(
+        "--web.systemd-socket",
+        dest="systemd_socket",
+        action="store_true",
+        help="serve on the sockets systemd passes (socket activation: LISTEN_FDS) instead of --web.listen-address",
+    )
+    parser.add_argument(
+        "--web.max-requests",
+        dest="max_requests",
+        type=_non_negative,
+        default=40,
+        help="maximum number of parallel scrape requests (beyond it, 503); 0 disables the limit (default 40)",
+    )
+    parser.add_argument(
+        "--web.disable-exporter-metrics",
+        dest="disable_exporter_metrics",
+        action="store_true",
+        help="leave out the exporter's own process_* and python_info metrics",
+    )
     parser.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warn", "error"])
     parser.add_argument("--log.format", dest="log_format", default="logfmt", choices=sorted(LOG_FORMATS))
-    parser.add_argument("--version", action="version", version=f"volprobe {__version__}")
+    parser.add_argument("--version", action=_VersionAction, help="show the version, commit and build, and exit")
     add_path_flags(parser)
     add_flags(parser)
     return parser
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return value
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: node_exporter's lines (volprobe.version), made only when asked (they may ask git)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from .probe import TIMER
+
+        sys.stdout.write(version.text(TIMER))
+        parser.exit()
 
 
 def limit_malloc_arenas(arenas: int = 2) -> None:
@@ -79,19 +129,30 @@ def build_registry(
     procfs: str = "/proc",
     platform: object | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    exporter_metrics: bool = True,
 ) -> CollectorRegistry:
     """What /metrics exposes: the enabled collectors over `view`, then prometheus_client's process_* (from
-    `procfs`) and python_info (of `platform`, the running interpreter's by default). `clock` times the
-    collectors."""
+    `procfs`) and python_info (of `platform`, the running interpreter's by default), unless `exporter_metrics`
+    is False (--web.disable-exporter-metrics, as node_exporter's leaves out its go_* and process_*). `clock`
+    times the collectors."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(VolprobeCollector(view, enabled, clock))
-    ProcessCollector(registry=registry, proc=procfs)
-    PlatformCollector(registry=registry, platform=platform)
+    if exporter_metrics:
+        ProcessCollector(registry=registry, proc=procfs)
+        PlatformCollector(registry=registry, platform=platform)
     return registry
 
 
 class ListenError(Exception):
     """An address could not be listened on (in use, not local): the exporter exits 1."""
+
+
+def _socket_name(sock: socket.socket) -> str:
+    try:
+        name = sock.getsockname()
+    except OSError:
+        return f"fd {sock.fileno()}"
+    return f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(name)
 
 
 def _load_config(args: argparse.Namespace) -> Config:
@@ -116,8 +177,11 @@ class App:
         self.exporter = exporter
         self.web = web
         self.addresses = addresses  # (as given, parsed)
-        self.registry = build_registry(exporter, enabled_from_args(args), args.procfs)
+        self.registry = build_registry(
+            exporter, enabled_from_args(args), args.procfs, exporter_metrics=not args.disable_exporter_metrics
+        )
         self.servers: list[ExporterHTTPServer] = []
+        self.listening = [text for text, _ in addresses]
 
     @classmethod
     def build(cls, args: argparse.Namespace) -> App:
@@ -136,10 +200,24 @@ class App:
     def start(self) -> None:
         """Open every listener, then start the probes: ListenError or ConfigError, and nothing left open."""
         raise_open_files_limit()  # connections cost a descriptor each, not a thread: room for thousands
-        for text, address in self.addresses:
+        listeners: list[tuple[str, tuple[str, int] | socket.socket]] = list(self.addresses)
+        if self.args.systemd_socket:  # node_exporter's --web.systemd-socket: the listen addresses are not used
+            passed = systemd_sockets()
+            if not passed:
+                raise ListenError("--web.systemd-socket: systemd passed no socket (LISTEN_FDS, LISTEN_PID)")
+            listeners = [(f"systemd socket {_socket_name(sock)}", sock) for sock in passed]
+        self.listening = [text for text, _ in listeners]
+        for text, address in listeners:
             try:
                 self.servers.append(
-                    ExporterHTTPServer(address, self.registry, self.web, self.landing, self.args.telemetry_path)
+                    ExporterHTTPServer(
+                        address,
+                        self.registry,
+                        self.web,
+                        self.landing,
+                        self.args.telemetry_path,
+                        max_requests=self.args.max_requests,
+                    )
                 )
             except OSError as err:
                 self._close_servers()
@@ -158,7 +236,7 @@ class App:
         for server in self.servers:
             threading.Thread(target=server.serve_forever, daemon=True).start()
             server.ready.set()
-        listen = ", ".join(text for text, _ in self.addresses)
+        listen = ", ".join(self.listening)
         log.info(
             "volprobe %s listening on %s (%d probes; at most %d connections)",
             __version__,
@@ -193,12 +271,12 @@ class App:
             config = load(path)
         except ConfigError as err:
             self.exporter.note_reload(False)
-            log.error("configuration %s rejected, keeping the running one: %s", path, " | ".join(err.problems))
+            _log_rejected(path, err)
             return
         try:
             self.exporter.reload(config)  # records its own outcome
         except ConfigError as err:
-            log.error("configuration %s rejected, keeping the running one: %s", path, " | ".join(err.problems))
+            _log_rejected(path, err)
         except Exception:  # a bug must not end the exporter: it keeps serving what it had
             self.exporter.note_reload(False)
             log.exception("reloading %s failed; the running configuration is kept", path)
@@ -215,6 +293,13 @@ class App:
         for server in self.servers:
             server.server_close()
         self.servers = []
+
+
+def _log_rejected(path: str, err: ConfigError) -> None:
+    """A refused configuration: each problem a line of its own, its key (when it names one) a field."""
+    for problem in err.problems:
+        where = fields(path=path, key=problem_key(problem))
+        log.error("configuration %s rejected, keeping the running one: %s", path, problem, extra=where)
 
 
 def run_until_signalled(app: App) -> None:

@@ -27,6 +27,7 @@ from typing import NamedTuple, Protocol
 
 from . import supervise, timer
 from .config import ProbeConfig
+from .logs import fields
 from .osthread import name_this_thread, set_timer_slack
 from .safety import Refused
 from .stats import TOUCHES, LatencySnapshot, ProbeStats
@@ -394,6 +395,7 @@ class ProbeWorker:
         stats: ProbeStats,
         *,
         name: str = "",
+        device: str = "",
         fd: int | None = None,
         seed: int | None = None,
         cursor: Cursor | None = None,
@@ -402,6 +404,7 @@ class ProbeWorker:
     ) -> None:
         self.spec = spec
         self.name = name or io.path  # the target's name, for logs and the thread's name
+        self.device = device  # the target's device's kernel name, for logs ("" if none)
         self.op = spec.op
         self.interval_s = spec.interval
         self.stats = stats
@@ -509,7 +512,10 @@ class ProbeWorker:
             now = time.monotonic()
             # A failing device fails every probe: log a new kind of error at once, the same one once a minute.
             if outcome.error != self.last_error or now - self._last_logged >= 60:
-                log.warning("probe %s %s: %s (%d so far)", self.name, self.op, outcome.detail, count)
+                where = fields(
+                    target=self.name, device=self.device, path=self.probe.io.path, op=self.op, errno=outcome.error
+                )
+                log.warning("probe %s %s: %s (%d so far)", self.name, self.op, outcome.detail, count, extra=where)
                 self._last_logged = now
         self.last_error = outcome.error
 

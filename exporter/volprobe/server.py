@@ -31,6 +31,7 @@ import gzip
 import html
 import io
 import logging
+import os
 import resource
 import socket
 import ssl
@@ -84,6 +85,25 @@ def parse_listen_address(address: str) -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, int(port)
+
+
+SD_LISTEN_FDS_START = 3
+
+
+def systemd_sockets() -> list[socket.socket]:
+    """The listening sockets systemd passed this process (socket activation, sd_listen_fds(3)): descriptors 3
+    onwards, LISTEN_FDS of them, if LISTEN_PID is this process. The variables are then removed, as
+    sd_listen_fds(1) does, so that no child takes the sockets for its own."""
+    count, pid = os.environ.get("LISTEN_FDS", ""), os.environ.get("LISTEN_PID", "")
+    for name in ("LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"):
+        os.environ.pop(name, None)
+    if not (count.isdigit() and pid.isdigit() and int(pid) == os.getpid()):
+        return []
+    sockets = []
+    for fd in range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + int(count)):
+        os.set_inheritable(fd, False)
+        sockets.append(socket.socket(fileno=fd))
+    return sockets
 
 
 def raise_open_files_limit() -> int:
@@ -322,15 +342,19 @@ class ExporterHTTPServer:
 
     def __init__(
         self,
-        address: tuple[str, int],
+        address: tuple[str, int] | socket.socket,
         registry: CollectorRegistry,
         web: WebConfigWatcher,
         landing: Callable[[], str] | None = None,
         telemetry_path: str = "/metrics",
+        max_requests: int = 0,
     ) -> None:
-        host = address[0]
-        family = socket.AF_INET6 if (not host or ":" in host) else socket.AF_INET
+        """Listen on `address` (host, port), or serve `address` if it is a socket listening already (one systemd
+        passed: systemd_sockets()), which the server then owns. `max_requests`: scrapes being rendered or waiting
+        for a render at once, beyond which one is answered 503 (0: no limit; --web.max-requests)."""
         self.registry = registry
+        self.max_requests = max_requests
+        self.scrapes = 0  # in a render, or waiting for one (the event loop's thread alone counts them)
         self.web = web
         self.landing = landing or (lambda: "")
         self.telemetry_path = telemetry_path
@@ -349,6 +373,12 @@ class ExporterHTTPServer:
         self._workers = concurrent.futures.ThreadPoolExecutor(
             RENDER_WORKERS, initializer=name_this_thread, initargs=("vp http",)
         )
+        if isinstance(address, socket.socket):
+            self.socket = address
+            self.server_address: _Client = self.socket.getsockname()
+            return
+        host = address[0]
+        family = socket.AF_INET6 if (not host or ":" in host) else socket.AF_INET
         self.socket = socket.socket(family, socket.SOCK_STREAM)
         try:
             self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -360,7 +390,7 @@ class ExporterHTTPServer:
         except BaseException:
             self.socket.close()
             raise
-        self.server_address: _Client = self.socket.getsockname()
+        self.server_address = self.socket.getsockname()
 
     # -- running ---------------------------------------------------------------------------------------------
 
@@ -542,7 +572,15 @@ class ExporterHTTPServer:
                 handler.authorized = verdict
                 connection.trusted = connection.trusted or verdict
             if handler.costly():
-                await asyncio.get_running_loop().run_in_executor(self._workers, handler.respond)
+                scrape = handler.route == self.telemetry_path
+                if scrape and 0 < self.max_requests <= self.scrapes:
+                    handler.over_limit(self.max_requests)
+                    return handler.response.getvalue(), handler.close_connection
+                self.scrapes += scrape
+                try:
+                    await asyncio.get_running_loop().run_in_executor(self._workers, handler.respond)
+                finally:
+                    self.scrapes -= scrape
             else:
                 handler.respond()
         return handler.response.getvalue(), handler.close_connection
@@ -667,6 +705,11 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in self._config.headers.items():
             self.send_header(name, value)
         super().end_headers()
+
+    def over_limit(self, limit: int) -> None:
+        """--web.max-requests reached: promhttp's answer."""
+        body = f"Limit of concurrent requests reached ({limit}), try again later.\n".encode()
+        self._send(503, body, "text/plain; charset=utf-8")
 
     def _too_many(self) -> None:
         self._send(429, b"Too Many Requests\n", "text/plain; charset=utf-8")

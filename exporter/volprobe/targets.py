@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from . import metadata, mountcheck, ops, probefile, safety
 from .config import PROBE_FILE_NAME, Config, ConfigError, ProbeConfig, TargetConfig, default_probes
 from .discovery import SKIP_BY_DEFAULT, BlockDevice, Host, Mount
+from .logs import fields
 from .probe import IOTarget
 from .safety import Refused
 
@@ -268,7 +269,8 @@ def _resolve_with_deadline(
     try:
         resolved = checks.call(path, lambda: _resolve_directory(host, target, found, held), timeout)
     except mountcheck.Hung as hung:
-        log.warning("%s: %s does not answer (%s): probed once its mount answers", target.key, path, hung)
+        where = fields(target=target.name, key=target.key, path=path)
+        log.warning("%s: %s does not answer (%s): probed once its mount answers", target.key, path, hung, extra=where)
         pending = ResolvedTarget(target, target.name or path, "directory", path, None, [], pending=str(hung))
         pending.probe_file = os.path.join(path, PROBE_FILE_NAME)
         return pending
@@ -481,6 +483,7 @@ def _choose_read_source(target: ResolvedTarget, probes: tuple[ProbeConfig, ...] 
                 target.device.devnode,
                 err.strerror,
                 target.probe_file,
+                extra=fields(target=target.name, device=target.device_name, path=target.device.devnode),
             )
     size = target.config.probe_file_size - probefile.HEADER_BYTES
     return [

@@ -3,7 +3,8 @@
 Each module here reads one source (the probes, the targets' identity, /proc/diskstats, the throttle detector,
 the warm-ups) through the runtime's narrow view (volprobe.view.RuntimeView: snapshots, never the running
 objects) and returns fresh metric families on every scrape, built from the declarations in volprobe.metrics.
-`--collector.NAME` / `--no-collector.NAME` turn one on or off. VolprobeCollector runs the
+`--collector.NAME` / `--no-collector.NAME` turn one on or off; `--collector.disable-defaults` turns off every
+one not turned on by name, as node_exporter's does. VolprobeCollector runs the
 enabled ones, times each, and isolates failures: a collector that raises is reported by
 volprobe_scrape_collector_success and the others are still served. Nothing here waits on a probed device.
 """
@@ -28,19 +29,33 @@ log = logging.getLogger(__name__)
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--collector.disable-defaults",
+        dest="collector_disable_defaults",
+        action="store_true",
+        help="turn every collector off except those turned on by name (--collector.NAME)",
+    )
     for reg in REGISTRY.values():
         default = "enabled" if reg.enabled_by_default else "disabled"
         parser.add_argument(
             f"--collector.{reg.name}",
             dest=f"collector_{reg.name}",
             action=argparse.BooleanOptionalAction,
-            default=reg.enabled_by_default,
+            default=None,  # not given: its default, or off with --collector.disable-defaults
             help=f"{reg.help} (default: {default})",
         )
 
 
 def enabled_from_args(args: argparse.Namespace) -> list[str]:
-    return [name for name in REGISTRY if getattr(args, f"collector_{name}", REGISTRY[name].enabled_by_default)]
+    """The collectors the flags turn on: each as given by name, else its default, else (with
+    --collector.disable-defaults) off."""
+    defaults = not getattr(args, "collector_disable_defaults", False)
+    enabled = []
+    for name, reg in REGISTRY.items():
+        given = getattr(args, f"collector_{name}", None)
+        if given if given is not None else defaults and reg.enabled_by_default:
+            enabled.append(name)
+    return enabled
 
 
 class VolprobeCollector(PrometheusCollector):

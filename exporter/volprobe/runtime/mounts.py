@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from .. import mountcheck, supervise
 from ..config import MountCheckConfig
+from ..logs import fields
 from ..targets import ResolvedTarget
 from ..view import MountReading
 from .probes import ProbeSet
@@ -90,7 +91,11 @@ class MountWatch:
             if since is not None and state.hung_since != since:
                 state.hung_since = since
                 log.warning(
-                    "%s: the mount of %s has not answered for %.0fs", target.name, target.path, self.clock() - since
+                    "%s: the mount of %s has not answered for %.0fs",
+                    target.name,
+                    target.path,
+                    self.clock() - since,
+                    extra=fields(target=target.name, path=target.path),
                 )
             if target.pending and state.answered_at and not state.failed:
                 self.resume(target)  # resolves it again, with a deadline; starts it if that answers
@@ -130,7 +135,7 @@ class MountWatch:
             else:
                 state.failed = str(error) or type(error).__name__
         if error is not None and state.failed != previous:
-            log.warning("mount check of %s failed: %s", path, state.failed)
+            log.warning("mount check of %s failed: %s", path, state.failed, extra=fields(path=path))
         elif error is None and previous:
             log.info("mount check of %s answers again", path)
 

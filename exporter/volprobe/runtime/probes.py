@@ -116,7 +116,15 @@ class ProbeSet:
             stats = ProbeStats(window, buckets)
             io = targets_mod.io_target(self.host, target, spec)
             cursor = _cursor(store, target, spec, io)
-            worker = ProbeWorker(spec, io, stats, name=target.name, fd=target.fds.pop(spec.op, None), cursor=cursor)
+            worker = ProbeWorker(
+                spec,
+                io,
+                stats,
+                name=target.name,
+                device=target.device_name or "",
+                fd=target.fds.pop(spec.op, None),
+                cursor=cursor,
+            )
             new.append(RunningProbe(target, spec, stats, worker))
         with self._lock:
             self._targets.extend(resolved)
