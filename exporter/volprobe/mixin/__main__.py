@@ -1,6 +1,7 @@
 """python -m volprobe.mixin [--config FILE] [--out DIR]: write alerts/volprobe-rules.yml, dashboards/*.json
-and their Kubernetes forms (a PrometheusRule and ConfigMaps for the Grafana sidecar) in deploy/kubernetes/base;
-with classic histograms (the default), the same dashboards built for native histograms in dashboards/native/."""
+and their Kubernetes forms (a PrometheusRule and ConfigMaps for the Grafana sidecar) in deploy/kubernetes/base,
+copies of the rules and dashboards for the Helm chart in deploy/chart/volprobe/files, and with classic
+histograms (the default), the same dashboards built for native histograms in dashboards/native/."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 
 from ..config import ConfigError
 from . import kubernetes, load, rules
+
+CHART = "deploy/chart/volprobe"
 
 
 def outputs(config_path: str | None) -> dict[str, str]:
@@ -29,6 +32,10 @@ def outputs(config_path: str | None) -> dict[str, str]:
             files[f"dashboards/native/{name}"] = text
     files["deploy/kubernetes/base/prometheusrule.yaml"] = kubernetes.prometheus_rule(config)
     files["deploy/kubernetes/base/grafana-dashboards.yaml"] = kubernetes.dashboard_configmaps(rendered)
+    # The Helm chart's copies, which its templates read with .Files.Get (a chart cannot reach outside its directory).
+    files[f"{CHART}/files/volprobe-rules.yml"] = files["alerts/volprobe-rules.yml"]
+    for name, text in rendered.items():
+        files[f"{CHART}/files/dashboards/{name}"] = text
     return files
 
 
