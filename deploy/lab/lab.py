@@ -310,33 +310,23 @@ def up(
     state = {"name": name, "size": size, "alloc_unit": alloc_unit, "created": time.time()}
     (volume.dir / "state.json").write_text(json.dumps(state))
     try:
-        # `setsid --fork`: the servers must not be children of this (possibly short-lived) process; they
-        # are killed when their parent exits otherwise.
-        for attempt in (1, 2):  # a start-up that hangs (seen twice under load, not reproduced) gets one retry
-            _spawn(
-                volume.dir / "nbdkit.log",
-                "nbdkit",
-                "-f",
-                "--unix",
-                str(volume.dir / "nbd.sock"),
-                "--pidfile",
-                str(volume.dir / "nbdkit.pid"),
-                "--threads",
-                "64",
-                "python",
-                str(PLUGIN),
-                f"state={volume.dir}",
-                f"size={size}",
-                f"alloc_unit={alloc_unit}",
-            )
-            try:
-                state["nbdkit_pid"] = _wait_for_pid(volume.dir / "nbdkit.pid", "nbdkit", volume.dir / "nbdkit.log")
-                break
-            except RuntimeError as err:
-                if attempt == 2:
-                    raise
-                print(f"lab: {name}: {err}; retrying once", file=sys.stderr)
-                _kill_processes_of(volume.dir)
+        _spawn(
+            volume.dir / "nbdkit.log",
+            "nbdkit",
+            "-f",
+            "--unix",
+            str(volume.dir / "nbd.sock"),
+            "--pidfile",
+            str(volume.dir / "nbdkit.pid"),
+            "--threads",
+            "64",
+            "python",
+            str(PLUGIN),
+            f"state={volume.dir}",
+            f"size={size}",
+            f"alloc_unit={alloc_unit}",
+        )
+        state["nbdkit_pid"] = _wait_for_pid(volume.dir / "nbdkit.pid", "nbdkit", volume.dir / "nbdkit.log")
         _spawn(
             volume.dir / "nbdfuse.log",
             "nbdfuse",
@@ -366,12 +356,22 @@ def up(
 
 
 SERVER_NICE = -10  # a volume's latency is its settings', not the host's load: its servers run before other work
+SERVER_EXITED = "lab: server exited with status"  # the last line of a server's log once it has exited
 
 
 def _spawn(log: Path, *command: str) -> None:
+    """Start a server in a session of its own, not a child of this (possibly short-lived) process, with a shell
+    as its parent for its whole life; the shell adds SERVER_EXITED and the server's status to its log.
+
+    The shell is there because of nbdkit: it sets PR_SET_PDEATHSIG (SIGTERM) early in its start-up, even without
+    --exit-with-parent (1.32.5, seen with strace), so its parent must outlive it. With `setsid --fork` alone
+    the parent is setsid, which exits at once; on a busy machine that exit came after nbdkit (started at nice
+    -10) had set the signal, and the kernel then ended nbdkit with SIGTERM before it wrote a line or its pidfile
+    (3 to 12 of 60 starts on this 2-core VM with its cores busy; none of 260 with the shell)."""
+    shell = f'"$@"; echo "{SERVER_EXITED} $?"'  # a command after "$@": the shell does not exec the server
     with open(log, "w") as out:
         subprocess.run(
-            ["setsid", "--fork", "nice", "-n", str(SERVER_NICE), *command],
+            ["setsid", "--fork", "nice", "-n", str(SERVER_NICE), "sh", "-c", shell, "sh", *command],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -379,13 +379,19 @@ def _spawn(log: Path, *command: str) -> None:
         )
 
 
-def _wait_for_pid(pidfile: Path, what: str, log: Path, timeout: float = 15.0) -> int:
+def _wait_for_pid(pidfile: Path, what: str, log: Path, timeout: float = 60.0) -> int:
+    """The server's pid once it has written its pidfile. A server that exits is reported at once (its status
+    is in its log); the timeout is only for one that neither starts nor exits, and is generous: a start on a
+    busy machine (a python interpreter and the plugin to load) takes what the machine gives it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError, ValueError):
             pid = int(pidfile.read_text())
             if _alive(pid, what):
                 return pid
+        with contextlib.suppress(OSError):
+            if SERVER_EXITED in log.read_text():
+                raise RuntimeError(f"{what} exited while starting: {log.read_text()[-2000:]}")
         time.sleep(0.02)
     raise RuntimeError(
         f"{what} did not start within {timeout:.0f}s: {log.read_text()[-2000:]}\n{_processes_of(pidfile.parent)}"

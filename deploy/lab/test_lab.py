@@ -88,18 +88,33 @@ def test_iops_cap_holds_under_parallel_load_from_two_processes(lab_volume, cap):
 
 @pytest.mark.xdist_group("lab-load")
 def test_bandwidth_cap_holds_under_parallel_load(lab_volume):
-    volume = lab_volume(size=64 * MIB, read_latency=0.0005, bandwidth_limit=20 * MIB)
-    job = lab.run_fio(
-        volume.device,
-        "--ioengine=libaio",
-        "--iodepth=8",
-        "--numjobs=2",
-        "--rw=randread",
-        "--bs=64k",
-        "--ramp_time=1",
-        runtime=4,
-    )
-    assert abs(job["read"]["bw_bytes"] - 20 * MIB) <= 0.03 * 20 * MIB
+    cap = 20 * MIB
+    volume = lab_volume(size=64 * MIB, read_latency=0.0005)
+
+    def rate(runtime: float) -> float:
+        # 64 requests in flight: at the cap, 200 ms of work queued at the device. The cap is reached only while
+        # a request is waiting for it; with 16 in flight (50 ms of work), the load generator's pauses on a busy
+        # machine (fio and the loop device's workers share the CPUs with everything else) left the device idle
+        # now and then, and a capped 18.8 MiB/s was measured in one CI run.
+        job = lab.run_fio(
+            volume.device,
+            "--ioengine=libaio",
+            "--iodepth=32",
+            "--numjobs=2",
+            "--rw=randread",
+            "--bs=64k",
+            "--ramp_time=1",
+            runtime=runtime,
+        )
+        return job["read"]["bw_bytes"]
+
+    # The reference, measured here and now: what this load moves without a cap. The cap can only be shown to be
+    # reached by a demand above it; the capped rate is then the cap, neither less (not reached) nor more (not held).
+    uncapped = rate(runtime=2)
+    volume.set(bandwidth_limit=cap)
+    capped = rate(runtime=4)
+    assert uncapped >= 2 * cap, f"the load moved only {uncapped / MIB:.1f} MiB/s uncapped: no test of a 20 MiB/s cap"
+    assert abs(capped - min(cap, uncapped)) <= 0.03 * cap, (capped / MIB, uncapped / MIB)
 
 
 def test_set_changes_a_live_device_without_detaching_it(lab_volume):
@@ -107,17 +122,21 @@ def test_set_changes_a_live_device_without_detaching_it(lab_volume):
     device = volume.device
     fd = os.open(device, os.O_RDONLY | os.O_DIRECT)  # held open across the change
     buffer = mmap.mmap(-1, 4096)
+    # The 10th percentiles: a busy machine adds its scheduling delays to a request's latency, which the low end of
+    # the distribution has least of (a median 0.69 ms above the 4 ms set was measured in one CI run).
     try:
-        before = lab.fio_percentile(qd1(device, "randread", runtime=2), "read", 50)
+        before = lab.fio_percentile(qd1(device, "randread", runtime=2), "read", 10)
         volume.set(read_latency=0.004)
         start = time.perf_counter()
         os.preadv(fd, [buffer], 4096 * 17)
         assert time.perf_counter() - start >= 0.0035
-        after = lab.fio_percentile(qd1(device, "randread", runtime=2), "read", 50)
+        after = lab.fio_percentile(qd1(device, "randread", runtime=2), "read", 10)
     finally:
         os.close(fd)
     assert volume.device == device
-    assert before < 0.0015 and abs(after - 0.004) <= 0.0004
+    # The device and the chain in front of it are the same before and after: their overhead, whatever it is on
+    # this machine now, is in both, and the difference is the change `set` made, 3 ms.
+    assert before < 0.0015 and abs((after - before) - 0.003) <= 0.0004, (before, after)
 
 
 def test_stall_blocks_and_release_resumes(lab_volume):
