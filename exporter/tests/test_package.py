@@ -1,0 +1,355 @@
+"""The Debian package (issue 42): dist/volprobe_VERSION_ARCH.deb, as `.ci/package` builds it, installed with apt
+into a fresh Debian 12 root, run, upgraded over itself with an edited conffile, and purged.
+
+The root is a minbase Debian 12 made with mmdebstrap from the machine's bookworm mirrors (cached as a tarball
+keyed by its recipe and mirrors, as test_image's base is; each run unpacks a fresh copy). apt inside it reaches
+the same mirrors; the .debs it downloads are kept in a cache of their own between runs. There is no systemd in
+the root: the exporter is started directly, with the package's configuration, and scraped from here; that the
+unit is enabled is what deb-systemd-helper leaves without systemd, its symlink.
+
+`.ci/run` builds dist/ with `.ci/package` before the suite; run alone, this test builds the package when dist/
+has none for the version in exporter/volprobe/__init__.py. About 35 s (apt's installs, mostly); the first time
+about a minute (mmdebstrap, apt's downloads), and the package's build (.ci/package) besides when dist/ has none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from volprobe import __version__
+
+from .support.harness import REPO, free_port, locked, parse_metrics
+from .test_image import debian_mirrors
+
+NEEDED = ("mmdebstrap", "dpkg-deb", "chroot", "findmnt")
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not all(map(shutil.which, NEEDED)),
+        reason=f"not installed: {' '.join(t for t in NEEDED if not shutil.which(t))} (.ci/run installs them)",
+    ),
+]
+
+CACHE = Path(os.environ.get("VOLPROBE_PACKAGE_TEST_CACHE", "/var/cache/volprobe-ci/package-test-root"))
+# A clean Debian 12: what `apt install ./volprobe_....deb` meets on a fresh machine (minbase: Essential and apt).
+ROOT_RECIPE = [
+    "--variant=minbase",
+    "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
+    '--aptopt=APT::Install-Recommends "false"',
+    "bookworm",
+]
+CHROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+APT_ENV = {**CHROOT_ENV, "DEBIAN_FRONTEND": "noninteractive"}
+# Where systemd looks for an ExecStart command given by name (systemd.service(5), "Command lines").
+SYSTEMD_SEARCH_PATH = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin")
+# What the package installs (besides /opt/volprobe's venv), and so what a purge must take away.
+PACKAGE_PATHS = (
+    "usr/bin/volprobe",
+    "lib/systemd/system/volprobe.service",
+    "lib/systemd/system/volprobe-warmup@.service",
+    "etc/volprobe/volprobe.yml",
+    "etc/default/volprobe",
+    "usr/share/doc/volprobe/copyright",
+)
+ENABLED = "etc/systemd/system/multi-user.target.wants/volprobe.service"
+# Left out of the before/after comparison of the root: apt's and dpkg's own records, logs, and the mounts.
+NOT_COMPARED = ("proc", "sys", "dev", "run", "tmp", "var/lib/apt", "var/lib/dpkg", "var/cache", "var/log")
+
+
+def the_deb() -> Path:
+    """dist/volprobe_VERSION_ARCH.deb, built by .ci/package when dist/ has none for this version."""
+    arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout
+    deb = REPO / "dist" / f"volprobe_{__version__}_{arch.strip()}.deb"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with locked(CACHE / "package.lock"):
+        if not deb.exists():
+            built = subprocess.run(
+                [str(REPO / ".ci" / "package")], capture_output=True, text=True, timeout=1200, cwd=REPO
+            )
+            assert built.returncode == 0, f".ci/package: exit {built.returncode}\n{built.stdout}\n{built.stderr}"
+    assert deb.exists(), f".ci/package made no {deb}"
+    return deb
+
+
+def base_tarball() -> Path:
+    """The minbase root as a tarball: from the cache, or made with mmdebstrap and cached, keyed by its recipe."""
+    mirrors = debian_mirrors()
+    assert mirrors, "no bookworm mirror in /etc/apt's sources"
+    key = hashlib.sha256(json.dumps([ROOT_RECIPE, mirrors]).encode()).hexdigest()[:16]
+    tarball = CACHE / f"{key}.tar"
+    with locked(CACHE / "root.lock"):
+        if not tarball.exists():
+            partial = CACHE / f"{key}.{os.getpid()}.partial.tar"  # mmdebstrap's output format follows the name
+            made = subprocess.run(
+                ["mmdebstrap", "--quiet", *ROOT_RECIPE, str(partial), *mirrors],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-4000:]
+            partial.rename(tarball)
+            for stale in CACHE.glob("*.tar"):  # earlier recipes' roots
+                if stale != tarball:
+                    stale.unlink(missing_ok=True)
+    return tarball
+
+
+def mounts_under(root: Path) -> list[str]:
+    listed = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True).stdout.split()
+    return [m for m in listed if m == str(root) or m.startswith(f"{root}/")]
+
+
+@contextlib.contextmanager
+def fresh_root(tmp_path: Path) -> Iterator[Path]:
+    """A fresh copy of the minbase root with /proc, /sys and /dev of this machine, and apt's download cache, mounted
+    in it: every mount undone (umount -R) and the root removed at the end, never while anything is mounted in it."""
+    root = tmp_path / "root"
+    root.mkdir()
+    subprocess.run(["tar", "-C", str(root), "-xf", str(base_tarball())], check=True)
+    archives = CACHE / "apt-archives"
+    (archives / "partial").mkdir(parents=True, exist_ok=True)
+    mounted: list[Path] = []
+    try:
+        for args, point in (
+            (["-t", "proc", "proc"], "proc"),
+            (["--rbind", "/sys"], "sys"),
+            (["--rbind", "/dev"], "dev"),
+            (["--bind", str(archives)], "var/cache/apt/archives"),
+        ):
+            subprocess.run(["mount", *args, str(root / point)], check=True)
+            mounted.append(root / point)
+            if "--rbind" in args:  # so that unmounting it here unmounts nothing of the machine's
+                subprocess.run(["mount", "--make-rslave", str(root / point)], check=True)
+        shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
+        yield root
+    finally:
+        for point in reversed(mounted):
+            subprocess.run(["umount", "-R", str(point)], capture_output=True)
+        left = mounts_under(root)
+        assert not left, f"still mounted, so {root} is kept: {left}"
+        shutil.rmtree(root)
+
+
+def in_root(root: Path, *cmd: str, timeout: float = 300, env: dict[str, str] | None = None) -> str:
+    """Run a command in the root; its output (stdout and stderr), asserting it exits 0."""
+    result = subprocess.run(
+        ["chroot", str(root), *cmd],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env or CHROOT_ENV,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, f"{' '.join(cmd)}: exit {result.returncode}\n{result.stdout[-6000:]}"
+    return result.stdout
+
+
+def apt_get(root: Path, *args: str) -> str:
+    return in_root(root, "apt-get", "-y", "-q", *args, env=APT_ENV, timeout=600)
+
+
+def depends_of(deb: Path) -> list[str]:
+    """The package names of the .deb's Depends (first of each alternative, version constraints dropped)."""
+    field = subprocess.run(["dpkg-deb", "-f", str(deb), "Depends"], capture_output=True, text=True, check=True)
+    return sorted({part.split("|")[0].split("(")[0].strip() for part in field.stdout.split(",")})
+
+
+def tree(root: Path) -> set[str]:
+    """Every path in the root, relative to it, but under NOT_COMPARED."""
+    paths: set[str] = set()
+    for directory, dirs, files in os.walk(root):
+        relative = os.path.relpath(directory, root)
+        if relative != ".":
+            paths.add(relative)
+        dirs[:] = [d for d in dirs if os.path.normpath(os.path.join(relative, d)) not in NOT_COMPARED]
+        paths.update(os.path.normpath(os.path.join(relative, f)) for f in files)
+    return paths
+
+
+def package_state(root: Path) -> str:
+    result = subprocess.run(
+        ["chroot", str(root), "dpkg-query", "-W", "-f=${Version} ${db:Status-Abbrev}", "volprobe"],
+        capture_output=True,
+        text=True,
+        env=CHROOT_ENV,
+    )
+    return result.stdout.strip() if result.returncode == 0 else "unknown"
+
+
+def rebuilt(deb: Path, directory: Path, version: str, conffile_addition: str) -> Path:
+    """The .deb again as version `version`, its /etc/volprobe/volprobe.yml changed: an upgrade that meets a
+    locally edited conffile whose packaged version changed too (where dpkg asks, or --force-confold keeps)."""
+    tree_dir = directory / "tree"
+    subprocess.run(["dpkg-deb", "-R", str(deb), str(tree_dir)], check=True)
+    control = tree_dir / "DEBIAN/control"
+    control.write_text(re.sub(r"(?m)^Version: .*$", f"Version: {version}", control.read_text()))
+    conffile = tree_dir / "etc/volprobe/volprobe.yml"
+    conffile.write_text(conffile.read_text() + conffile_addition)
+    md5sums = tree_dir / "DEBIAN/md5sums"
+    digest = hashlib.md5(conffile.read_bytes()).hexdigest()
+    md5sums.write_text(
+        re.sub(r"(?m)^\S+(  etc/volprobe/volprobe\.yml)$", lambda m: digest + m.group(1), md5sums.read_text())
+    )
+    out = directory / deb.name.replace(f"_{__version__}_", f"_{version}_")
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "--build", str(tree_dir), str(out)], check=True, stdout=subprocess.DEVNULL
+    )
+    return out
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def serves_in_root(root: Path, log: Path) -> None:
+    """The installed exporter, started in the root as the unit would (its config; a port of the test's), answers a
+    scrape from outside the root with its build_info, then stops cleanly on SIGTERM."""
+    port = free_port()
+    command = ["/usr/bin/volprobe", "--config", "/etc/volprobe/volprobe.yml", f"--web.listen-address=127.0.0.1:{port}"]
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            ["chroot", str(root), *command], stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=CHROOT_ENV
+        )
+    try:
+        deadline = time.monotonic() + 60
+        text = None
+        while text is None and time.monotonic() < deadline and process.poll() is None:
+            try:
+                text = scrape(port)
+            except OSError:
+                time.sleep(0.2)
+        assert text is not None, f"no scrape answered on :{port} (exit {process.poll()})\n{log.read_text()[-4000:]}"
+        (labels, value), *_ = parse_metrics(text)["volprobe_build_info"]
+        assert labels["version"] == __version__ and value == 1, labels
+        assert labels["timer"] == "c", f"the package's C timer is not in use: {labels}"
+        assert labels["python_version"].startswith("3.11."), labels
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, f"exit {process.returncode} on SIGTERM\n{log.read_text()[-4000:]}"
+
+
+def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_purges(tmp_path):
+    deb = the_deb()
+    upgrade_version = f"{__version__}+test1"
+    packaged_config = (REPO / "deploy/packaging/debian/volprobe.yml").read_text()
+    with fresh_root(tmp_path) as root:
+        shutil.copy(deb, root / "tmp" / deb.name)
+        apt_get(root, "update")
+        # Its dependencies first, so that what volprobe adds, and what its purge leaves, can be told apart.
+        apt_get(root, "install", "--no-install-recommends", *depends_of(deb))
+        before = tree(root)
+
+        # -- Install, with apt, as the README says ---------------------------------------------------------
+        apt_get(root, "install", f"/tmp/{deb.name}")
+        assert package_state(root) == f"{__version__} ii"
+        for path in PACKAGE_PATHS:
+            assert os.path.lexists(root / path), f"/{path} is missing"
+        assert os.readlink(root / "usr/bin/volprobe") == "/opt/volprobe/bin/volprobe"
+        # The venv's interpreter is Debian's python3, which the package depends on.
+        assert os.readlink(root / "opt/volprobe/bin/python3") == "/usr/bin/python3"
+        assert "home = /usr/bin" in (root / "opt/volprobe/pyvenv.cfg").read_text()
+        # The units are systemd/'s own, and their ExecStart finds the package's binary as systemd would.
+        for unit in ("volprobe.service", "volprobe-warmup@.service"):
+            text = (root / "lib/systemd/system" / unit).read_text()
+            assert text == (REPO / "systemd" / unit).read_text(), (
+                f"{unit} differs from systemd/{unit}: {deb} is stale? (.ci/package)"
+            )
+            (exec_start,) = [line for line in text.splitlines() if line.startswith("ExecStart=")]
+            command = exec_start.removeprefix("ExecStart=").split()[0]
+            candidates = [command] if command.startswith("/") else [f"/{d}/{command}" for d in SYSTEMD_SEARCH_PATH]
+            found = [c for c in candidates if subprocess.run(["chroot", str(root), "test", "-x", c]).returncode == 0]
+            assert found == ["/usr/bin/volprobe"], f"{unit}: {command} resolves to {found} in the root"
+        assert (root / "etc/volprobe/volprobe.yml").read_text() == packaged_config
+        assert re.search(r'(?m)^ARGS=""$', (root / "etc/default/volprobe").read_text())
+        conffiles = in_root(root, "dpkg-query", "-W", "-f=${Conffiles}", "volprobe")
+        assert {line.split()[0] for line in conffiles.splitlines() if line.strip()} == {
+            "/etc/volprobe/volprobe.yml",
+            "/etc/default/volprobe",
+        }
+        # Enabled the Debian way: deb-systemd-helper made the symlink, with no systemd running.
+        assert os.readlink(root / ENABLED) == "/lib/systemd/system/volprobe.service"
+        # The system user, in group disk.
+        passwd = in_root(root, "getent", "passwd", "volprobe").strip().split(":")
+        assert int(passwd[2]) < 1000 and passwd[5] == "/var/lib/volprobe" and passwd[6].endswith("nologin"), passwd
+        assert "disk" in in_root(root, "id", "-nG", "volprobe").split()
+
+        version = in_root(root, "volprobe", "--version")
+        assert re.search(rf"\bversion {re.escape(__version__)}\b", version.splitlines()[0]), version
+        assert re.search(r"(?m)^\s*probe timer:\s+c$", version), version
+        assert "OK" in in_root(root, "volprobe", "check-config", "/etc/volprobe/volprobe.yml")
+        serves_in_root(root, tmp_path / "volprobe.log")
+        # The state directory as the unit's StateDirectory= with DynamicUser=yes lays it out, with a volume's state
+        # in it: a purge takes it away (below).
+        (root / "var/lib/private/volprobe").mkdir(parents=True, mode=0o700)
+        (root / "var/lib/private/volprobe/vol-0123456789abcdef0.json").write_text("{}\n")
+        (root / "var/lib/volprobe").symlink_to("private/volprobe")
+
+        # -- Upgrade over itself, the configuration edited here and changed in the package -----------------
+        edited = packaged_config.replace("  exclude: []", "  exclude: ['sr0']") + "# edited on this machine\n"
+        assert edited != packaged_config + "# edited on this machine\n", "the default config changed: edit another key"
+        (root / "etc/volprobe/volprobe.yml").write_text(edited)
+        newer = rebuilt(deb, tmp_path, upgrade_version, "# changed in the package\n")
+        shutil.copy(newer, root / "tmp" / newer.name)
+        apt_get(root, "install", "-o", "Dpkg::Options::=--force-confold", f"/tmp/{newer.name}")
+        assert package_state(root) == f"{upgrade_version} ii"
+        assert (root / "etc/volprobe/volprobe.yml").read_text() == edited, "the edited configuration was not kept"
+        assert (root / "etc/volprobe/volprobe.yml.dpkg-dist").read_text().endswith("# changed in the package\n")
+        assert os.readlink(root / ENABLED) == "/lib/systemd/system/volprobe.service"
+        assert __version__ in in_root(root, "volprobe", "--version").splitlines()[0]
+        assert "disk" in in_root(root, "id", "-nG", "volprobe").split()
+
+        # -- Purge --------------------------------------------------------------------------------------
+        apt_get(root, "purge", "volprobe")
+        assert package_state(root) == "unknown", package_state(root)  # dpkg forgot it
+        for path in (
+            *PACKAGE_PATHS,
+            "opt/volprobe",
+            "etc/volprobe",
+            ENABLED,
+            "var/lib/volprobe",
+            "var/lib/private/volprobe",
+        ):
+            assert not os.path.lexists(root / path), f"/{path} is left after purge"
+        # Debian's convention: the system user stays (files it owned may outlive the package).
+        in_root(root, "getent", "passwd", "volprobe")
+        left = sorted(tree(root) - before)
+        allowed = {
+            # The user's: adduser's backups of the files it changed (the user stays).
+            "etc/passwd-",
+            "etc/group-",
+            "etc/shadow-",
+            "etc/gshadow-",
+            # systemd's parent of DynamicUser= state directories, made above in systemd's stead.
+            "var/lib/private",
+            # deb-systemd-helper's directories of its state and of the symlink it made and removed.
+            "etc/systemd/system/multi-user.target.wants",
+            "var/lib/systemd/deb-systemd-helper-enabled",
+            "var/lib/systemd/deb-systemd-helper-enabled/multi-user.target.wants",
+            "var/lib/systemd/deb-systemd-helper-masked",
+        }
+        assert set(left) <= allowed, f"left after purge: {left}"
+        dirs = [path for path in left if (root / path).is_dir()]
+        assert all(not any((root / path).iterdir()) for path in dirs), f"not empty after purge: {dirs}"
+        changed_etc = {p for p in before if p.startswith("etc/")} - tree(root)
+        assert not changed_etc, f"removed by the purge, though not the package's: {sorted(changed_etc)}"
