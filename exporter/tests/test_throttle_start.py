@@ -7,15 +7,23 @@ flat, an uncapped one's rises). These tests start the load first, then volprobe 
 
 from __future__ import annotations
 
-import itertools
 import signal
+import statistics
 import threading
 import time
 
 import pytest
 
 from .support.harness import MIB, sample_value, stop_fio
-from .support.throttle import NOT_THROTTLED, PlateauEvidence, device_of, fio_load, qd1_writer, run_bursts
+from .support.throttle import (
+    NOT_THROTTLED,
+    DiskRates,
+    PlateauEvidence,
+    device_of,
+    fio_load,
+    qd1_writer,
+    run_bursts,
+)
 
 # One at a time with the other lab load tests (conftest.py).
 pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.slow, pytest.mark.xdist_group("lab-load")]
@@ -130,6 +138,26 @@ def test_a_cap_already_under_way_is_flagged_at_start_and_after_a_restart(tmp_pat
             stop_fio(load)
 
 
+# The steady demand of the first phase: STEADY_JOBS readers, each at STEADY_IOPS. Paced, the total is fio's clock's,
+# not the emulation chain's: 2 readers free-running at queue depth 1 did 2 / (20 ms + the chain's CPU time) a second,
+# which on a machine with a core kept busy swung between 69 and 124, so that no window was flat and no active check
+# was asked for. Each paced request has 13 ms of its 33 ms slot to spare; 4 x 30 x 20 ms keeps 2.4 requests in
+# flight, well over the detector's QUEUE_MIN: the flat, queued window a cap also gives, which only a check settles.
+STEADY_JOBS, STEADY_IOPS = 4, 30
+
+
+def steady_demand(device: str, runtime: float):
+    return fio_load(
+        device,
+        "--ioengine=psync",
+        f"--numjobs={STEADY_JOBS}",
+        f"--rate_iops={STEADY_IOPS}",
+        "--rw=randread",
+        "--bs=4k",
+        runtime=runtime,
+    )
+
+
 def test_steady_demand_bursts_and_qd1_under_way_at_start_are_not_flagged(tmp_path, lab_volume, start_exporter):
     volumes = {
         # 20 ms, uncapped: N qd1 readers give N x 50 IOPS, well within what the lab serves on two cores.
@@ -142,17 +170,15 @@ def test_steady_demand_bursts_and_qd1_under_way_at_start_are_not_flagged(tmp_pat
     # Bursts that touch the cap for a few seconds at a time.
     burster = threading.Thread(target=run_bursts, args=(volumes["bursty"].device, stop, 11, (16,), "randread"))
     burster.start()
-    phases = []  # (jobs, IOPS the parallel volume served)
+    phases = []  # (readers, IOPS the parallel volume served)
     parallel = None
     try:
-        parallel = fio_load(
-            volumes["parallel"].device, "--ioengine=psync", "--numjobs=2", "--rw=randread", "--bs=4k", runtime=90
-        )
+        parallel = steady_demand(volumes["parallel"].device, runtime=90)
         time.sleep(3)
         exporter = start_exporter("--config", config_for(tmp_path, volumes))
         dev = device_of(volumes["parallel"])
-        for jobs in (2, 8, 16):
-            if jobs != 2:
+        for jobs in ("steady", 8, 16):
+            if jobs != "steady":
                 parallel = fio_load(
                     volumes["parallel"].device,
                     "--ioengine=psync",
@@ -161,37 +187,40 @@ def test_steady_demand_bursts_and_qd1_under_way_at_start_are_not_flagged(tmp_pat
                     "--bs=4k",
                     runtime=30,
                 )
-            reads = []
-            started = time.monotonic()
-            while True:
-                samples = exporter.metrics()
-                active = [(labels, v) for labels, v in samples.get("volprobe_throttle_active", []) if v == 1]
-                assert active == [], f"false plateau with {jobs} readers: {active}\n{exporter.log()[-2000:]}"
-                reads.append(
-                    (time.monotonic(), sample_value(samples, "volprobe_disk_reads_completed_total", device=dev))
-                )
-                elapsed = time.monotonic() - started
-                # The first phase is the steady plateau the active check is for: it lasts until a check has
-                # settled it (a window needs MIN_SAMPLES seconds, most of them within 5% of its level, and the
-                # seconds jitter more on a loaded machine), at most 60 s. The others last 18 s. A disk's
-                # verdicts are exported from the sampler's first reading on, which can follow the first scrape.
-                checked = any(
-                    (sample_value(samples, "volprobe_throttle_checks_total", device=dev, result=result) or 0) >= 1
-                    for result in ("uncapped", "inconclusive", "capped")
-                )
-                if elapsed >= 18 and (jobs != 2 or checked or elapsed >= 60):
-                    break
-                time.sleep(1)
+            reads = DiskRates(dev)
+            try:
+                started = time.monotonic()
+                while True:
+                    samples = exporter.metrics()
+                    active = [(labels, v) for labels, v in samples.get("volprobe_throttle_active", []) if v == 1]
+                    assert active == [], f"false plateau with {jobs} readers: {active}\n{exporter.log()[-2000:]}"
+                    elapsed = time.monotonic() - started
+                    # The first phase is the steady plateau the active check is for: it lasts until a check has
+                    # settled it (a window needs MIN_SAMPLES seconds, most of them within 5% of its level), at most
+                    # 60 s. The others last 18 s. A disk's verdicts are exported from the sampler's first reading on,
+                    # which can follow the first scrape.
+                    checked = any(
+                        (sample_value(samples, "volprobe_throttle_checks_total", device=dev, result=result) or 0) >= 1
+                        for result in ("uncapped", "inconclusive", "capped")
+                    )
+                    if elapsed >= 18 and (jobs != "steady" or checked or elapsed >= 60):
+                        break
+                    time.sleep(1)
+            finally:
+                reads.stop()
             stop_fio(parallel)
-            (t0, r0), (t1, r1) = reads[4], reads[-1]
-            phases.append((jobs, (r1 - r0) / (t1 - t0)))
-            if jobs == 2:
-                # Each second's reads on the steady plateau, for a failure's message.
-                steady = [round(b[1] - a[1]) for a, b in itertools.pairwise(reads)]
+            # The phase's reads a second from its fifth second on, by their median, which leaves out the seconds
+            # of an active check's burst (8 more readers for 2 s).
+            phases.append((jobs, statistics.median(reads.rates[4:])))
+            if jobs == "steady":
+                steady = [round(rate) for rate in reads.rates]  # for a failure's message
+        print(f"reads a second by phase: {phases}; on the steady plateau: {steady}")
         rates = [rate for _, rate in phases]
-        # The premise: the volume's throughput grows with the number of readers (it is not capped); less than
+        # The premise: the volume's throughput grows with the number of readers (it is not capped): 8 free-running
+        # readers do well over twice the steady demand (paced at 4 x 30 = 120 IOPS), and 16 more than 8; less than
         # linearly at 16, where the lab's FUSE hop holds about a dozen requests in flight.
         assert rates[0] * 2 < rates[1] and rates[1] * 1.15 < rates[2], phases
+        assert abs(rates[0] - STEADY_JOBS * STEADY_IOPS) <= 0.1 * STEADY_JOBS * STEADY_IOPS, (phases, steady)
         samples = exporter.metrics()
         # The detector judged every volume (all verdicts exported, at 0), and it did check the steady plateaus.
         for name, volume in volumes.items():
@@ -209,7 +238,9 @@ def test_steady_demand_bursts_and_qd1_under_way_at_start_are_not_flagged(tmp_pat
             result: sample_value(samples, "volprobe_throttle_checks_total", device=dev, result=result)
             for result in ("uncapped", "inconclusive", "capped")
         }
-        assert checks["uncapped"] >= 1, f"{checks}; reads a second at 2 jobs: {steady}\n{exporter.log()[-3000:]}"
+        assert checks["uncapped"] >= 1, (
+            f"{checks}; reads a second on the steady plateau: {steady}\n{exporter.log()[-3000:]}"
+        )
         assert checks["capped"] == 0, f"{checks}\n{exporter.log()[-3000:]}"
         assert exporter.stop() == 0
     finally:

@@ -121,11 +121,24 @@ def test_warmup_resumes_after_kill_9_with_no_gap_and_one_interval_reread(lab_vol
         "-q",
     ]
     first = subprocess.Popen(volprobe_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3.5)
+
+    def done_so_far() -> int:
+        """Bytes done by the last checkpoint (written atomically), 0 before the first."""
+        try:
+            saved = json.loads(state.read_text())
+        except FileNotFoundError:
+            return 0
+        return sum(end - start for start, end in saved["done"]) * block
+
+    # Killed once a checkpoint holds some of the work, as soon as it shows: at 16 MiB/s the 96 MiB take 6 s, and
+    # the first checkpoint comes 1 s into them. Not after a fixed time: with a core kept busy, 3.5 s after the start
+    # there was no checkpoint yet (the interpreter's start and imports are CPU work).
+    deadline = time.monotonic() + 60
+    while done_so_far() == 0 and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     first.send_signal(signal.SIGKILL)
     first.wait()
-    saved = json.loads(state.read_text())
-    done_before = sum(end - start for start, end in saved["done"]) * block
+    done_before = done_so_far()
     assert 0 < done_before < 96 * MIB
     second = subprocess.run(volprobe_command(*args), capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stderr

@@ -74,18 +74,14 @@ def device_of(volume: lab.Volume) -> str:
     return Path(volume.device).name
 
 
-class PlateauEvidence:
-    """When a disk's reads first showed a plateau at `level` (ops or bytes a second, the lab's cap) by the
-    detector's counts: at least MIN_SAMPLES seconds in its window, FLAT_SHARE of them within FLAT_TOLERANCE of
-    the level (the detector takes its level from the seconds themselves; the lab serves its cap to 0.1%).
-    Read here from /proc/diskstats once a second, apart from the exporter. On a machine loaded by other tests,
-    the lab serves its cap unevenly and the plateau's evidence comes late: a deadline for detection runs from
-    whichever is later, the start or this."""
+class DiskRates:
+    """A disk's reads (`unit` "ops") or bytes read ("bytes") a second, from /proc/diskstats once a second, apart
+    from the exporter (a scrape's counters are read at some point within the scrape, which a loaded machine delays
+    by a varying amount): in `rates`, until stop()."""
 
-    def __init__(self, device: str, level: float, unit: str, window_s: float) -> None:
-        self.device, self.level, self.unit, self.window_s = device, level, unit, window_s
+    def __init__(self, device: str, unit: str = "ops") -> None:
+        self.device, self.unit = device, unit
         self.rates: list[float] = []
-        self.evident_at: float | None = None  # time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -97,14 +93,35 @@ class PlateauEvidence:
     def _sample(self) -> None:
         previous, at = self._read(), time.monotonic()
         while not self._stop.wait(max(0.0, at + 1 - time.monotonic())):
-            now, value = time.monotonic(), self._read()
+            value = self._read()
+            now = time.monotonic()
             self.rates.append((value - previous) / (now - at))
             previous, at = value, now
-            window = self.rates[-round(self.window_s) :]
-            flat = sum(abs(rate - self.level) <= FLAT_TOLERANCE * self.level for rate in window)
-            if self.evident_at is None and len(window) >= MIN_SAMPLES and flat >= FLAT_SHARE * len(window):
-                self.evident_at = now
+            self.seen(now)
+
+    def seen(self, now: float) -> None:
+        """Called after each new rate."""
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
+
+
+class PlateauEvidence(DiskRates):
+    """When a disk's reads first showed a plateau at `level` (ops or bytes a second, the lab's cap) by the
+    detector's counts: at least MIN_SAMPLES seconds in its window, FLAT_SHARE of them within FLAT_TOLERANCE of
+    the level (the detector takes its level from the seconds themselves; the lab serves its cap to 0.1%).
+    Read here from /proc/diskstats once a second, apart from the exporter. On a machine loaded by other tests,
+    the lab serves its cap unevenly and the plateau's evidence comes late: a deadline for detection runs from
+    whichever is later, the start or this."""
+
+    def __init__(self, device: str, level: float, unit: str, window_s: float) -> None:
+        self.level, self.window_s = level, window_s
+        self.evident_at: float | None = None  # time.monotonic()
+        super().__init__(device, unit)
+
+    def seen(self, now: float) -> None:
+        window = self.rates[-round(self.window_s) :]
+        flat = sum(abs(rate - self.level) <= FLAT_TOLERANCE * self.level for rate in window)
+        if self.evident_at is None and len(window) >= MIN_SAMPLES and flat >= FLAT_SHARE * len(window):
+            self.evident_at = now
