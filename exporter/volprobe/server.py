@@ -30,6 +30,7 @@ import functools
 import gzip
 import html
 import io
+import ipaddress
 import logging
 import os
 import resource
@@ -37,7 +38,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -70,10 +71,23 @@ HEAD_MAX_BYTES = 32 * 1024
 MAX_CONNECTIONS = 4096
 OPEN_FILES_RESERVE = 256
 REQUEST_TIMEOUT_S = 30.0
+# What a connection may make the server buffer: a reader pauses past twice READ_LIMIT, and a response write waits
+# (drain) past WRITE_BUFFER_HIGH until the client has taken it.
+READ_LIMIT = 16 * 1024
+WRITE_BUFFER_HIGH = 64 * 1024
+# Connections in a request at once (reading it is done: being answered, or their answer being written), per
+# client and in all; beyond, a request is answered 503 at once. Health checks are not counted against either.
+# Prometheus has one or two in a request; a client that sends requests and never reads the answers holds its
+# connections busy until REQUEST_TIMEOUT_S.
+BUSY_PER_CLIENT = 64
+BUSY_CONNECTIONS = 256
 # Threads that render /metrics and the landing page (rendering holds the GIL: more would not render faster).
 RENDER_WORKERS = 2
-# Password checks (bcrypt) waiting per client address; beyond, a request needing one is answered 429.
-PENDING_CHECKS_PER_ADDRESS = 4
+# Password checks (bcrypt) waiting per client (client_key) and in all; beyond, a request needing one is answered
+# 429. And the clients remembered as once authorised, whose checks go first.
+PENDING_CHECKS_PER_CLIENT = 4
+PENDING_CHECKS = 256
+TRUSTED_CLIENTS = 64
 HEALTH_PATHS = ("/-/healthy", "/-/ready")
 
 
@@ -185,40 +199,104 @@ class _Connection:
     """What the server knows of one open connection: whose it is, whether it is in a request, and whether it
     ever made an authorised one (what it gave up first when room is made)."""
 
-    __slots__ = ("address", "busy", "since", "transport", "trusted")
+    __slots__ = ("busy", "client", "since", "transport", "trusted")
 
-    def __init__(self, address: str, transport: asyncio.WriteTransport) -> None:
-        self.address = address
+    def __init__(self, client: str, transport: asyncio.WriteTransport) -> None:
+        self.client = client  # client_key of its address
         self.transport = transport
         self.busy = False
         self.trusted = False
         self.since = time.monotonic()
 
 
+# One bcrypt at a time in the whole process, each followed by as long a rest, whichever listener asked for it.
+_BCRYPT_SLOT = threading.Lock()
+
+
+def _check_and_rest(web: WebConfigWatcher, credential: Credential) -> bool:
+    with _BCRYPT_SLOT:
+        started = time.monotonic()
+        try:
+            return web.check(credential)
+        finally:
+            time.sleep(time.monotonic() - started)  # at most half a core
+
+
+def threads(count: int, name: str) -> concurrent.futures.ThreadPoolExecutor:
+    """A pool of `count` threads named `name`, all started now: the server's threads are there from its start
+    (a pool starts them at its first tasks otherwise), so the thread count says nothing of its clients."""
+    pool = concurrent.futures.ThreadPoolExecutor(count, initializer=name_this_thread, initargs=(name,))
+    barrier = threading.Barrier(count)
+    for _ in range(count):  # each waits for the others, so none is idle when the next is asked for
+        pool.submit(barrier.wait)
+    return pool
+
+
+def client_key(address: str) -> str:
+    """Whose a connection is, for fairness: its IPv4 address (an IPv4-mapped IPv6 one too), or its IPv6 /64, the
+    least a host is given, so that one host's many addresses count as one."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
 class PasswordChecks:
-    """bcrypt of credentials not in the cache, one at a time on a thread of its own. The checks waiting are taken
-    one client address after another (round robin), at most PENDING_CHECKS_PER_ADDRESS from one address, and the
-    thread rests as long as each check took: failed passwords, however many, take at most half a core, and one
-    client's flood delays another client's check by one check per address, not by the flood."""
+    """bcrypt of credentials not in the cache, on a thread of its own, one at a time in the process and each
+    followed by as long a rest: failed passwords, however many, take at most half a core. The checks waiting are
+    taken one client after another (round robin), those of clients that were ever authorised first; at most
+    PENDING_CHECKS_PER_CLIENT from one client and PENDING_CHECKS in all wait (beyond, 429), and none longer
+    than REQUEST_TIMEOUT_S. One client's flood so delays another client's check by one check per client, and
+    a known scraper's (a rotated password) by none."""
 
     def __init__(self, web: WebConfigWatcher) -> None:
         self.web = web
         self._queues: collections.OrderedDict[str, collections.deque[tuple[Credential, asyncio.Future[bool]]]] = (
             collections.OrderedDict()
         )
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, initializer=name_this_thread, initargs=("vp auth",))
+        self._waiting = 0
+        self.trusted: collections.OrderedDict[str, None] = collections.OrderedDict()  # clients once authorised
+        self._pool = threads(1, "vp auth")
         self._wake: asyncio.Event | None = None
 
-    async def check(self, address: str, credential: Credential) -> bool | None:
-        """Whether the credential is good; None if too many of this address's checks are waiting already."""
-        queue = self._queues.setdefault(address, collections.deque())
-        if len(queue) >= PENDING_CHECKS_PER_ADDRESS:
+    def authorised(self, client: str) -> None:
+        self.trusted[client] = None
+        self.trusted.move_to_end(client)
+        while len(self.trusted) > TRUSTED_CLIENTS:
+            self.trusted.popitem(last=False)
+
+    async def check(self, client: str, credential: Credential) -> bool | None:
+        """Whether the credential is good; None if too many checks wait (this client's, or all), or it waited
+        REQUEST_TIMEOUT_S."""
+        queue = self._queues.setdefault(client, collections.deque())
+        if len(queue) >= PENDING_CHECKS_PER_CLIENT or self._waiting >= PENDING_CHECKS:
+            if not queue:
+                del self._queues[client]
             return None
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         queue.append((credential, future))
+        self._waiting += 1
         assert self._wake is not None, "run() is running"
         self._wake.set()
-        return await future
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                return await future  # cancelled with the waiter: run() then skips it
+        except TimeoutError:
+            return None
+
+    def _next(self) -> tuple[Credential, asyncio.Future[bool]]:
+        client = next((c for c in self._queues if c in self.trusted), next(iter(self._queues)))
+        queue = self._queues.pop(client)
+        job = queue.popleft()
+        if queue:
+            self._queues[client] = queue  # its next check after every other client's
+        self._waiting -= 1
+        return job
 
     async def run(self) -> None:
         self._wake = asyncio.Event()
@@ -228,21 +306,16 @@ class PasswordChecks:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            address, queue = self._queues.popitem(last=False)
-            credential, future = queue.popleft()
-            if queue:
-                self._queues[address] = queue  # its next check after every other address's
-            if future.done():  # its connection went meanwhile
+            credential, future = self._next()
+            if future.done():  # its waiter went meanwhile
                 continue
-            started = time.monotonic()
             try:
-                result = await loop.run_in_executor(self._pool, self.web.check, credential)
-            except Exception as err:  # the request fails, the checks go on
-                future.set_exception(err)
-            else:
-                if not future.done():
-                    future.set_result(result)
-            await asyncio.sleep(time.monotonic() - started)  # at most half a core
+                result = await loop.run_in_executor(self._pool, _check_and_rest, self.web, credential)
+            except Exception as err:  # that request fails (500 is not owed: it is refused), the checks go on
+                log.warning("a password check failed: %r", err)
+                result = False
+            if not future.done():
+                future.set_result(result)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -317,6 +390,9 @@ class _Stream:
                 continue
             except ssl.SSLZeroReturnError:  # the client's close_notify
                 raise EOFError from None
+            except ssl.SSLError:
+                self._send_outgoing()  # the alert
+                raise
             self._send_outgoing()
             if not data:
                 raise EOFError
@@ -331,6 +407,13 @@ class _Stream:
         if not data:
             raise EOFError
         return data
+
+    def close_notify(self) -> None:
+        """TLS: tell the client the connection ends (best effort: its answer is not waited for)."""
+        if self.tls is not None:
+            with contextlib.suppress(ssl.SSLError, ValueError):
+                self.tls.unwrap()
+            self._send_outgoing()
 
     def _send_outgoing(self) -> None:
         if self._outgoing.pending:
@@ -348,10 +431,12 @@ class ExporterHTTPServer:
         landing: Callable[[], str] | None = None,
         telemetry_path: str = "/metrics",
         max_requests: int = 0,
+        max_connections: int | None = None,
     ) -> None:
         """Listen on `address` (host, port), or serve `address` if it is a socket listening already (one systemd
         passed: systemd_sockets()), which the server then owns. `max_requests`: scrapes being rendered or waiting
-        for a render at once, beyond which one is answered 503 (0: no limit; --web.max-requests)."""
+        for a render at once, beyond which one is answered 503 (0: no limit; --web.max-requests).
+        `max_connections`: this listener's share of connection_bound() (all of it by default)."""
         self.registry = registry
         self.max_requests = max_requests
         self.scrapes = 0  # in a render, or waiting for one (the event loop's thread alone counts them)
@@ -361,18 +446,24 @@ class ExporterHTTPServer:
         self.ready = threading.Event()
         self.renders = SharedRender(self._render)
         self.text = TextExposition()  # remembers series' text from one scrape to the next, in either format
-        self.max_connections = connection_bound()
+        self.max_connections = max_connections or connection_bound()
         self.connections: dict[_Connection, None] = {}  # open ones, oldest first
+        self.held: collections.Counter[str] = collections.Counter()  # open connections per client
+        self.busy: collections.Counter[str] = collections.Counter()  # connections in a request per client
+        self.busy_total = 0
         self.passwords = PasswordChecks(web)
         self._bucket: TokenBucket | None = None  # rate_limit: one per listener, as in exporter-toolkit
-        self._evictions_logged = -60.0  # monotonic time of the last warning that room was made
+        self._logged: dict[str, float] = {}  # warning -> monotonic time it was last logged
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
+        self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._stopped.set()  # not serving yet: shutdown() has nothing to wait for
-        self._workers = concurrent.futures.ThreadPoolExecutor(
-            RENDER_WORKERS, initializer=name_this_thread, initargs=("vp http",)
-        )
+        self._workers = threads(RENDER_WORKERS, "vp http")
+        # The web config is looked at (its files stat'ed, re-read when they changed) on a thread of its own: a
+        # file on a hung filesystem must not stop the event loop.
+        self._config_pool = threads(1, "vp webconfig")
+        self._config_look: asyncio.Future[WebConfig] | None = None
         if isinstance(address, socket.socket):
             self.socket = address
             self.server_address: _Client = self.socket.getsockname()
@@ -395,19 +486,24 @@ class ExporterHTTPServer:
     # -- running ---------------------------------------------------------------------------------------------
 
     def serve_forever(self) -> None:
-        """Serve until shutdown() (called from another thread)."""
+        """Serve until shutdown() (called from another thread, before or after this starts)."""
         name_this_thread("vp http")
         self._stopped.clear()
         try:
-            asyncio.run(self._serve())
+            if not self._stopping.is_set():
+                asyncio.run(self._serve())
         finally:
             self._stopped.set()
 
     async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        if self._stopping.is_set():  # shutdown() came before the loop could be told
+            return
         checks = asyncio.create_task(self.passwords.run())
-        server = await asyncio.start_server(self._connection, sock=self.socket, limit=HEAD_MAX_BYTES)
+        server = await asyncio.start_server(
+            self._connection, sock=self.socket, limit=READ_LIMIT, backlog=socket.SOMAXCONN
+        )
         try:
             await self._stop.wait()
         finally:
@@ -420,6 +516,7 @@ class ExporterHTTPServer:
 
     def shutdown(self) -> None:
         """Stop serve_forever() (running in another thread) and wait for it."""
+        self._stopping.set()
         loop, stop = self._loop, self._stop
         if loop is not None and stop is not None:
             with contextlib.suppress(RuntimeError):  # the loop ended already
@@ -430,6 +527,7 @@ class ExporterHTTPServer:
         self.socket.close()
         self.passwords.close()
         self._workers.shutdown(wait=False, cancel_futures=True)
+        self._config_pool.shutdown(wait=False, cancel_futures=True)
 
     def allow(self, config: WebConfig) -> bool:
         """rate_limit: False when the request is over the limit (answered 429, before authentication)."""
@@ -451,46 +549,73 @@ class ExporterHTTPServer:
             return self.text.generate_openmetrics(self.registry, escaping), content_type
         return encoder(self.registry), content_type
 
+    def _warn(self, what: str, message: str, *args: object) -> None:
+        """A warning at most once a minute for each `what`: a flood must not flood the log too."""
+        now = time.monotonic()
+        if now - self._logged.get(what, -60.0) >= 60:
+            self._logged[what] = now
+            log.warning(message, *args)
+
+    async def _web_config(self) -> WebConfig:
+        """The web config as it is now (its files looked at on a thread of its own); the one in force if that
+        look takes over a second (the files on a hung filesystem)."""
+        if self._config_look is None or self._config_look.done():
+            self._config_look = asyncio.get_running_loop().run_in_executor(self._config_pool, self.web.current)
+        try:
+            async with asyncio.timeout(1.0):
+                return await asyncio.shield(self._config_look)
+        except TimeoutError:
+            self._warn(
+                "webconfig", "web config %s: its files do not answer; serving with the one in force", self.web.path
+            )
+            return self.web.in_force
+
     # -- connections -----------------------------------------------------------------------------------------
 
-    def _make_room(self) -> None:
-        """At the bound: close a waiting connection of the address holding the most, one never authorised first,
-        the oldest first. If every connection is in a request, none is closed (the new one goes over the bound
-        for as long as they take, which REQUEST_TIMEOUT_S bounds)."""
-        held = collections.Counter(connection.address for connection in self.connections)
-        for address, _ in held.most_common():
-            waiting = [c for c in self.connections if c.address == address and not c.busy]
-            if waiting:
-                victim = min(waiting, key=lambda c: (c.trusted, c.since))
-                victim.transport.abort()
-                del self.connections[victim]
-                now = time.monotonic()
-                if now - self._evictions_logged >= 60:  # once a minute at most: a flood must not flood the log
-                    self._evictions_logged = now
-                    log.warning(
-                        "%d connections open, the most held at once: closing the oldest waiting one of %s "
-                        "(%d open) to make room",
-                        self.max_connections,
-                        address,
-                        held[address],
-                    )
-                return
+    def _make_room(self) -> bool:
+        """At the bound: close a waiting connection (not in a request), one never authorised first, then of the
+        client holding the most, the oldest first. False if every connection is in a request."""
+        waiting = (c for c in self.connections if not c.busy)
+        victim = min(waiting, key=lambda c: (c.trusted, -self.held[c.client], c.since), default=None)
+        if victim is None:
+            return False
+        self._warn(
+            "room",
+            "%d connections open, the most held at once: closing the oldest waiting one of %s (%d open) to make room",
+            self.max_connections,
+            victim.client,
+            self.held[victim.client],
+        )
+        victim.transport.abort()
+        self._forget(victim)
+        return True
+
+    def _forget(self, connection: _Connection) -> None:
+        if self.connections.pop(connection, 0) is None:
+            self.held[connection.client] -= 1
+            if not self.held[connection.client]:
+                del self.held[connection.client]
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         deadline = time.monotonic() + HEAD_DEADLINE_S  # for the first request's head, the handshake included
         client: _Client = writer.get_extra_info("peername") or ("", 0)
-        if len(self.connections) >= self.max_connections:
-            self._make_room()
-        connection = _Connection(str(client[0]), writer.transport)
+        if len(self.connections) >= self.max_connections and not self._make_room():
+            self._warn("full", "%d connections open, every one in a request: closing new ones", self.max_connections)
+            writer.transport.abort()
+            return
+        connection = _Connection(client_key(str(client[0])), writer.transport)
         self.connections[connection] = None
+        self.held[connection.client] += 1
+        writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         sock = writer.get_extra_info("socket")
         # A response larger than the socket buffer would wait for delayed ACKs under Nagle's algorithm. Go's
         # servers set this too.
         with contextlib.suppress(OSError, AttributeError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         stream = _Stream(reader, writer)
+        clean = False  # ended as HTTP ends a connection: what is left of a response may still go out
         try:
-            config = self.web.current()
+            config = await self._web_config()
             if config.tls is not None and not await self._handshake(stream, config, deadline, client):
                 return
             first = True
@@ -498,24 +623,44 @@ class ExporterHTTPServer:
                 head = await self._read_head(stream, deadline if first else None, client)
                 first = False
                 if head is None:
+                    clean = True
                     return
-                connection.busy = True
-                response, close = await self._answer(head, client, connection)
-                stream.write(response)
-                async with asyncio.timeout(REQUEST_TIMEOUT_S):
-                    await writer.drain()
-                connection.busy = False
+                with self._in_request(connection):
+                    response, close = await self._answer(head, client, connection)
+                    stream.write(response)
+                    async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                        await writer.drain()
                 connection.since = time.monotonic()
                 if close:
+                    clean = True
                     return
         except (OSError, TimeoutError, ssl.SSLError) as err:
             log.debug("connection from %s ended: %r", client[0], err)
         except Exception:
             log.exception("connection from %s failed", client[0])
         finally:
-            self.connections.pop(connection, None)
-            writer.close()  # what is left of the response goes out, or is dropped by REQUEST_TIMEOUT_S
-            asyncio.get_running_loop().call_later(REQUEST_TIMEOUT_S, writer.transport.abort)
+            self._forget(connection)
+            if clean:
+                stream.close_notify()
+                writer.close()
+                if writer.transport.get_write_buffer_size():  # a client that does not read: not for long
+                    asyncio.get_running_loop().call_later(HEAD_DEADLINE_S, writer.transport.abort)
+            else:
+                writer.transport.abort()
+
+    @contextlib.contextmanager
+    def _in_request(self, connection: _Connection) -> Iterator[None]:
+        connection.busy = True
+        self.busy[connection.client] += 1
+        self.busy_total += 1
+        try:
+            yield
+        finally:
+            connection.busy = False
+            self.busy_total -= 1
+            self.busy[connection.client] -= 1
+            if not self.busy[connection.client]:
+                del self.busy[connection.client]
 
     async def _handshake(self, stream: _Stream, config: WebConfig, deadline: float, client: _Client) -> bool:
         assert config.tls is not None
@@ -549,6 +694,8 @@ class ExporterHTTPServer:
                     if line is None:
                         return _TOO_LARGE
                     head += line
+                    if len(head) > HEAD_MAX_BYTES:
+                        return _TOO_LARGE
                     if line in (b"\r\n", b"\n"):  # the end (or a blank request line)
                         return bytes(head)
         except EOFError:
@@ -559,34 +706,47 @@ class ExporterHTTPServer:
 
     async def _answer(self, head: bytes, client: _Client, connection: _Connection) -> tuple[bytes, bool]:
         """The response to one request head, and whether the connection closes after it."""
-        config = self.web.current()  # each request sees the web config as it is when it arrives
+        config = await self._web_config()  # each request sees the web config as it is when it arrives
         handler = _Handler(self, client, head, config)
-        if handler.parsed:
-            handler.limited = not handler.exempt() and not self.allow(config)
-            if not handler.limited and handler.guarded():
-                verdict = self.web.verdict(config, handler.headers.get("Authorization"))
-                if not isinstance(verdict, bool):
-                    checked = await self.passwords.check(connection.address, verdict)
-                    handler.limited = checked is None
-                    verdict = bool(checked)
-                handler.authorized = verdict
-                connection.trusted = connection.trusted or verdict
-            if handler.costly():
-                scrape = handler.route == self.telemetry_path
-                if scrape and 0 < self.max_requests <= self.scrapes:
-                    handler.over_limit(self.max_requests)
-                    return handler.response.getvalue(), handler.close_connection
-                self.scrapes += scrape
-                try:
-                    await asyncio.get_running_loop().run_in_executor(self._workers, handler.respond)
-                finally:
-                    self.scrapes -= scrape
-            else:
-                handler.respond()
+        if not handler.parsed:
+            return handler.response.getvalue(), handler.close_connection
+        if not handler.exempt() and (
+            self.busy[connection.client] > BUSY_PER_CLIENT or self.busy_total > BUSY_CONNECTIONS
+        ):
+            self._warn("busy", "too many requests in progress (from %s): answering 503", connection.client)
+            handler.unavailable()
+            return handler.response.getvalue(), handler.close_connection
+        handler.limited = not handler.exempt() and not self.allow(config)
+        if not handler.limited and handler.guarded():
+            verdict = self.web.verdict(config, handler.headers.get("Authorization"))
+            if not isinstance(verdict, bool):
+                checked = await self.passwords.check(connection.client, verdict)
+                handler.limited = checked is None
+                verdict = bool(checked)
+            handler.authorized = verdict
+            if verdict and config.users:
+                connection.trusted = True
+                self.passwords.authorised(connection.client)
+        if handler.costly():
+            scrape = handler.route == self.telemetry_path
+            if scrape and 0 < self.max_requests <= self.scrapes:
+                handler.over_limit(self.max_requests)
+                return handler.response.getvalue(), handler.close_connection
+            self.scrapes += scrape
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._workers, handler.respond)
+            finally:
+                self.scrapes -= scrape
+        else:
+            handler.respond()
         return handler.response.getvalue(), handler.close_connection
 
 
-_TOO_LARGE = b"\0"  # _read_head's mark of a head over HEAD_MAX_BYTES: no request head is a NUL alone
+class _TooLarge(bytes):
+    """_read_head's answer for a request head over HEAD_MAX_BYTES (its bytes are not kept)."""
+
+
+_TOO_LARGE = _TooLarge()
 
 
 def _loop_time(deadline: float) -> float:
@@ -633,7 +793,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _parse(self, head: bytes) -> bool:
         """The stdlib's handle_one_request up to the method call: False when answered already (or to close)."""
         self.command = self.requestline = self.request_version = ""
-        if head is _TOO_LARGE:
+        if isinstance(head, _TooLarge):
             self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, explain=f"over {HEAD_MAX_BYTES} bytes")
             return False
         self.raw_requestline = self.rfile.readline(HEAD_MAX_BYTES + 1)
@@ -705,6 +865,11 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in self._config.headers.items():
             self.send_header(name, value)
         super().end_headers()
+
+    def unavailable(self) -> None:
+        """Too many requests in progress (from this client, or in all)."""
+        self.close_connection = True
+        self._send(503, b"Too many requests in progress, try again later.\n", "text/plain; charset=utf-8")
 
     def over_limit(self, limit: int) -> None:
         """--web.max-requests reached: promhttp's answer."""

@@ -102,11 +102,11 @@ class Credential:
     password: bytes
     hashed: bytes  # the user's hash, or _UNKNOWN_USER_HASH
     known_user: bool
-    digest: bytes  # sha256 of hash and password: the cache's key, never the password itself
+    digest: bytes  # sha256 of hash, user and password: the cache's key, never the password itself
 
     @property
-    def key(self) -> tuple[str, bytes]:
-        return (self.user, self.digest)
+    def key(self) -> bytes:
+        return self.digest
 
 
 @dataclass(frozen=True)
@@ -635,9 +635,10 @@ class WebConfigWatcher:
         self._lock = threading.Lock()
         self._stamp: tuple[tuple[Any, ...], ...] | None = None
         self._config = WebConfig()
-        # Passwords checked: (user, sha256 of hash and password), good and bad apart (see check()).
-        self._good: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
-        self._bad: collections.OrderedDict[tuple[str, bytes], None] = collections.OrderedDict()
+        # Passwords checked, by Credential.key, good and bad apart (see check()). The key holds the user's hash, so
+        # a changed or removed user's entries are never found again: a reload need not clear them.
+        self._good: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._bad: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self._cache_lock = threading.Lock()
         self._bcrypt = threading.Lock()  # authorized(): one bcrypt at a time (the server has PasswordChecks)
         if path:
@@ -652,6 +653,11 @@ class WebConfigWatcher:
     def _now(stamps: tuple[tuple[Any, ...], ...]) -> tuple[tuple[Any, ...], ...]:
         return tuple(file_stamp(stamp[0]) for stamp in stamps)
 
+    @property
+    def in_force(self) -> WebConfig:
+        """The configuration last loaded, without looking at its files."""
+        return self._config
+
     def current(self) -> WebConfig:
         if not self.path:
             return self._config
@@ -663,9 +669,6 @@ class WebConfigWatcher:
                     self._stamp = stamp
                     try:
                         self._config = load(self.path)
-                        with self._cache_lock:
-                            self._good.clear()
-                            self._bad.clear()
                         self._stamp = self._config.stamps
                         self.last_reload_successful = True
                         self.last_reload_success_time = time.time()
@@ -680,7 +683,7 @@ class WebConfigWatcher:
         no or malformed header, a password checked before); else the Credential for check()."""
         if not config.users:
             return True
-        if not header or not header.startswith("Basic "):
+        if not header or header[:6].lower() != "basic ":  # the scheme is case-insensitive (RFC 7617)
             return False
         try:
             user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
@@ -689,7 +692,8 @@ class WebConfigWatcher:
         hashed = config.users.get(user)
         # An unknown user costs a bcrypt as a known one does, and is cached alike: no telling names apart.
         checked = hashed if hashed is not None else _UNKNOWN_USER_HASH
-        digest = hashlib.sha256(checked + b"\0" + password.encode()).digest()
+        # The cache's key: a digest of all three, whatever their length (a user name is the client's to choose).
+        digest = hashlib.sha256(b"\0".join((checked, user.encode(), password.encode()))).digest()
         credential = Credential(user, password.encode(), checked, hashed is not None, digest)
         with self._cache_lock:
             if credential.key in self._good:
