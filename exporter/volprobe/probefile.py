@@ -104,13 +104,26 @@ class ProbeDirectory:
     def open(self) -> int:
         """The directory's descriptor, opened (by the path, then recognised by identity) if it was let go. A
         thread beside the probes' should use held()."""
-        with self._lock:
-            return self._open()
+        return self._keep(use=False)
 
-    def _open(self) -> int:
-        if self._fd is None:
-            self._fd = self._recognise()
-        return self._fd
+    def _keep(self, use: bool) -> int:
+        """The descriptor kept, opened if it was let go: outside the lock, so that a mount that hangs hangs this
+        thread alone, never release(), answer() or held() in others; then kept under the lock, unless another
+        thread kept one meanwhile (that one is taken, this one closed). With `use`, counted as in use (held())."""
+        opened: int | None = None
+        while True:
+            with self._lock:
+                if self._fd is None and opened is not None:
+                    self._fd, opened = opened, None
+                fd = self._fd
+                if fd is not None and use:
+                    self._users[fd] = self._users.get(fd, 0) + 1
+            if opened is not None:  # another thread kept one meanwhile
+                os.close(opened)
+                opened = None
+            if fd is not None:
+                return fd
+            opened = self._recognise()
 
     def _recognise(self) -> int:
         """Open the path and check that it is still the directory first found there; Refused if not."""
@@ -132,10 +145,13 @@ class ProbeDirectory:
         """The directory's descriptor, open until the block ends whatever another thread lets go of meanwhile.
         One let go of is opened again (and recognised); with keep=False, only for the block: a mount check must
         not hold what an unmount needs."""
-        with self._lock:
-            fd = self._fd if self._fd is not None or not keep else self._open()
-            if fd is not None:
-                self._users[fd] = self._users.get(fd, 0) + 1
+        if keep:
+            fd: int | None = self._keep(use=True)
+        else:
+            with self._lock:
+                fd = self._fd
+                if fd is not None:
+                    self._users[fd] = self._users.get(fd, 0) + 1
         if fd is None:
             fd = self._recognise()
             try:
@@ -323,7 +339,7 @@ def _ensure(directory: ProbeDirectory, dir_fd: int, name: str, size: int, fill: 
         raise ProbeFileError(
             f"{directory.path} has {vfs.f_bavail * vfs.f_frsize} bytes free; the probe file needs {size}"
         )
-    clear_leftover_temporaries(directory, name)
+    clear_leftover_temporaries(directory, name, dir_fd=dir_fd)
     tmp = f"{name}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}"
     # O_EXCL: a fresh probe file is only ever made under a name volprobe created.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE_OPEN, 0o600, dir_fd=dir_fd)
@@ -396,12 +412,17 @@ def _leftover_names(dir_fd: int, prefix: str, limit: int, path: str) -> Iterator
                 yield entry.name
 
 
-def clear_leftover_temporaries(directory: ProbeDirectory, name: str, limit: int = SWEEP_LIMIT) -> list[str]:
+def clear_leftover_temporaries(
+    directory: ProbeDirectory, name: str, limit: int = SWEEP_LIMIT, dir_fd: int | None = None
+) -> list[str]:
     """Remove the temporary files of creations interrupted by a crash, and say which: ours by name, owner and
     header, and no longer locked by their creator, among the directory's first `limit` entries. Each is judged
     through a descriptor opened without following links or blocking on FIFOs, and removed while its lock is
-    held, only if the name still leads to it."""
-    dir_fd = directory.open()
+    held, only if the name still leads to it. `dir_fd`: the directory's descriptor the caller holds (held());
+    without it, the directory is held for the sweep alone, not left open."""
+    if dir_fd is None:
+        with directory.held(keep=False) as held_fd:
+            return clear_leftover_temporaries(directory, name, limit, held_fd)
     removed = []
     for entry in _leftover_names(dir_fd, f"{name}.tmp.", limit, directory.path):
         try:

@@ -10,6 +10,7 @@ safety.check_raw_descriptor), never on the name it was opened by.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import stat
@@ -162,7 +163,9 @@ def _resolve_directory(
 ) -> ResolvedTarget | None:
     """A directory target's checks. With `held` (the directory a running target of that path holds, at a reload):
     that directory, asked through its descriptor (its filesystem, mount and device), not whatever the name leads
-    to now; one let go of must be recognised at its path, or the target is refused."""
+    to now. One let go of that is not recognised at its path (unmounted for an fsck, say) is pending, as a mount
+    that does not answer is, and keeps its identity: it starts once that very directory answers there again; the
+    rest of the reload applies."""
     if held is None:
         return _resolve_directory_at(host, target, problems, target.directory or "", None)
     try:
@@ -170,8 +173,9 @@ def _resolve_directory(
             return _resolve_directory_at(host, target, problems, f"/proc/self/fd/{fd}", held.again())
     except OSError as err:
         why = f"{err.strerror}" if isinstance(err, Refused) else f"cannot be opened: {err.strerror}"
-        problems.append(f"{target.key}.directory: {held.path} {why}")
-        return None
+        where = fields(target=target.name, key=target.key, path=held.path)
+        log.warning("%s: %s %s: probed once it is there again", target.key, held.path, why, extra=where)
+        return _pending(target, target.directory or "", f"{held.path} {why}", held.again())
 
 
 def _resolve_directory_at(
@@ -271,11 +275,17 @@ def _resolve_with_deadline(
     except mountcheck.Hung as hung:
         where = fields(target=target.name, key=target.key, path=path)
         log.warning("%s: %s does not answer (%s): probed once its mount answers", target.key, path, hung, extra=where)
-        pending = ResolvedTarget(target, target.name or path, "directory", path, None, [], pending=str(hung))
-        pending.probe_file = os.path.join(path, PROBE_FILE_NAME)
-        return pending
+        return _pending(target, path, str(hung), held.again() if held is not None else None)
     problems += found
     return resolved
+
+
+def _pending(target: TargetConfig, path: str, why: str, held: probefile.ProbeDirectory | None) -> ResolvedTarget:
+    """A directory target waiting for its mount (runtime.mounts): with `held`, the directory a running target held,
+    which its mount check asks and its start must recognise (not whatever the name leads to by then)."""
+    pending = ResolvedTarget(target, target.name or path, "directory", path, None, [], probe_dir=held, pending=why)
+    pending.probe_file = os.path.join(held.path if held is not None else path, PROBE_FILE_NAME)
+    return pending
 
 
 def resolve(
@@ -385,40 +395,72 @@ def prepare(host: Host, resolved: list[ResolvedTarget], strict: bool = True) -> 
     problems: list[str] = []
     for target in resolved:
         if not target.pending:  # nothing to open until its mount answers
-            problems += _prepare_probes(host, target, target.probes, target.needs_probe_file, strict, warnings)
+            problems += _prepare_probes(host, target, target.probes, strict, warnings, whole=True)
     if problems:
         close(resolved)
         raise ConfigError(problems)
     return warnings
 
 
-def prepare_probes(host: Host, target: ResolvedTarget, probes: list[ProbeConfig], strict: bool = True) -> list[str]:
+@dataclass
+class PreparedProbes:
+    """What prepare_probes() made for the probes a reload starts on a running target, on a copy of it: the
+    running target is left as it is until the reload commits (commit()), or nothing of it stays (close())."""
+
+    running: ResolvedTarget
+    trial: ResolvedTarget  # the copy: its read source, pins and descriptors
+    probes: list[ProbeConfig]
+    warnings: list[str] = field(default_factory=list)
+
+    def commit(self) -> None:
+        """The running target takes what was prepared (before its new probes start: targets.io_target reads it)."""
+        running, trial = self.running, self.trial
+        running.reads_probe_file = trial.reads_probe_file
+        running.file_pins.update(trial.file_pins)
+        running.metadata_pin = trial.metadata_pin
+        for probe in self.probes:
+            fd = trial.fds.pop(probe.op, None)
+            if fd is not None:
+                running.fds[probe.op] = fd
+
+    def close(self) -> None:
+        """Close the descriptors prepared and not committed: the running target is left as it was."""
+        close_probes(self.trial, self.probes)
+
+
+def prepare_probes(
+    host: Host, target: ResolvedTarget, probes: list[ProbeConfig], strict: bool = True
+) -> PreparedProbes:
     """prepare() for the probes a reload starts on a running target (changed or added ones): what they write to
-    and their descriptors, with every check of a start. The target's running probes are left alone. ConfigError
-    (nothing of theirs left open) if any step fails; close_probes() undoes it."""
+    and their descriptors, with every check of a start. The running target and its probes are left alone: all
+    of it is done on a copy, which the running target takes at commit(). ConfigError (nothing of theirs left
+    open) if any step fails; PreparedProbes.close() undoes it."""
+    trial = dataclasses.replace(target, file_pins=dict(target.file_pins), fds={})
+    prepared = PreparedProbes(target, trial, list(probes))
     if target.pending or not probes:
-        return []
-    warnings: list[str] = []
-    reads_file = any(not p.kind.writes for p in probes) and target.reads_probe_file
-    probe_file = reads_file or any(p.kind.writes and not p.kind.file for p in probes)
-    problems = _prepare_probes(host, target, probes, probe_file, strict, warnings)
+        return prepared
+    problems = _prepare_probes(host, trial, probes, strict, prepared.warnings)
     if problems:
-        close_probes(target, probes)
+        prepared.close()
         raise ConfigError(problems)
-    return warnings
+    return prepared
 
 
 def _prepare_probes(
     host: Host,
     target: ResolvedTarget,
     probes: tuple[ProbeConfig, ...] | list[ProbeConfig],
-    probe_file: bool,
     strict: bool,
     warnings: list[str],
+    whole: bool = False,
 ) -> list[str]:
-    """One target's part of prepare(), for `probes` (`probe_file`: they need the probe file); the problems."""
+    """One target's part of prepare(), for `probes` (`whole`: all of the target's, at its start); the problems."""
     if target.kind == "directory":
-        refused = _choose_read_source(target, probes) or _prepare_files(target, probes, probe_file)
+        # The read source first: a device that cannot be opened sends the reads to the probe file, which must
+        # then be made and pinned like a writer's.
+        refused = _choose_read_source(target, probes)
+        if not refused:
+            refused = _prepare_files(target, probes, _wants_probe_file(target, probes, whole))
         if refused:
             return refused
     problems: list[str] = []
@@ -434,6 +476,15 @@ def _prepare_probes(
             message = f"{probe.key}: cannot open {io.path}: {err.strerror or err}"
             (warnings if not strict and not probe.kind.writes else problems).append(message)
     return problems
+
+
+def _wants_probe_file(target: ResolvedTarget, probes: tuple[ProbeConfig, ...] | list[ProbeConfig], whole: bool) -> bool:
+    """Whether `probes` need the probe file, once _choose_read_source() has chosen where reads go: the target's
+    whole set as needs_probe_file says; some of its probes (a reload's), if they write it or read it."""
+    if whole:
+        return target.needs_probe_file
+    reads = target.reads_probe_file and any(not p.kind.writes for p in probes)
+    return reads or any(p.kind.writes and not p.kind.file for p in probes)
 
 
 def _prepare_files(
@@ -494,7 +545,7 @@ def _choose_read_source(target: ResolvedTarget, probes: tuple[ProbeConfig, ...] 
 
 
 def close_probes(target: ResolvedTarget, probes: list[ProbeConfig]) -> None:
-    """Close the descriptors prepare_probes() opened for `probes` and no worker took."""
+    """Close the descriptors opened for `probes` (PreparedProbes.close()) and no worker took."""
     for probe in probes:
         fd = target.fds.pop(probe.op, None)
         if fd is not None:

@@ -21,7 +21,7 @@ import platform
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .. import __version__, capabilities, diskstats, mountcheck, supervise
@@ -123,7 +123,9 @@ class Exporter:
         stops. Another refusal (its directory is gone, say) is logged and it stays pending."""
         wanted, config = pending.config, self.config
         try:
-            resolved = targets_mod.resolve(config, self.host, [wanted], checks=self.checks)
+            # One that a running target held (a reload found it let go of): that very directory, or none.
+            held = {pending.path: pending.probe_dir} if pending.probe_dir is not None else None
+            resolved = targets_mod.resolve(config, self.host, [wanted], checks=self.checks, held=held)
             if any(t.pending for t in resolved) or not self._current(pending, wanted):
                 return  # nothing made: still pending, or replaced, or the exporter stops
             targets_mod.prepare(self.host, resolved, strict=not config.builtin)
@@ -217,15 +219,16 @@ class Exporter:
         later = [t for t in plan.start if _raw_device(t) in held]
         now = [t for t in plan.start if _raw_device(t) not in held]
         targets_mod.prepare(self.host, now, strict=strict)
-        prepared: list[reload_plan.ProbeChanges] = []
+        prepared = change.prepared
         try:
             for probes in plan.probes:  # a kept target's changed and added probes: their files and descriptors
-                targets_mod.prepare_probes(self.host, probes.running, probes.starting, strict=strict)
-                prepared.append(probes)
+                # Prepared on a copy of the running target, which takes it only in _start_new (commit()).
+                prepared.append(targets_mod.prepare_probes(self.host, probes.running, probes.starting, strict=strict))
             self._take_over(plan, later, strict=strict)
         except ConfigError:
-            for probes in prepared:
-                targets_mod.close_probes(probes.running, probes.starting)
+            for made in prepared:
+                made.close()
+            prepared.clear()
             targets_mod.close(plan.start)
             raise
 
@@ -262,6 +265,8 @@ class Exporter:
         after a change every histogram must follow, discovered probes stop too (discovery starts them again with
         the new settings)."""
         self._start_targets(change.plan.start)
+        for made in change.prepared:
+            made.commit()  # the running target's read source, pins and descriptors for the probes starting
         for probes in change.plan.probes:
             config = self.config
             new = self.probes.add_probes(probes.running, probes.starting, config.window, config.buckets, self.state)
@@ -399,6 +404,7 @@ class _Change:
     plan: reload_plan.Plan
     restart_all: str  # why every probe restarts (window or buckets changed), or ""
     rewarm: list[ResolvedTarget]  # kept targets whose warm-up restarts
+    prepared: list[targets_mod.PreparedProbes] = field(default_factory=list)  # kept targets' new probes (_prepare)
 
 
 def _raw_device(target: ResolvedTarget) -> tuple[int, int] | None:
