@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -33,11 +34,18 @@ from .support.pki import make_pki
 
 CHART = REPO / "deploy" / "chart" / "volprobe"
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
+MTLS_VALUES = CHART / "ci" / "mtls-values.yaml"
+NULL_WEB_CONFIG_VALUES = CHART / "ci" / "null-web-config-values.yaml"
 BASE = REPO / "deploy" / "kubernetes" / "base"
 CI_HELM = Path("/var/cache/volprobe-ci/helm-v3.22.0/helm")
 OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator@v0.85.0"  # as .ci/run downloads it
 OPERATOR_KINDS = {"ServiceMonitor": "servicemonitors", "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
-RENDERS = {"defaults": (), "every option": (FULL_VALUES,)}
+RENDERS = {
+    "defaults": (),
+    "every option": (FULL_VALUES,),
+    "mutual TLS": (MTLS_VALUES,),
+    "webConfig null": (NULL_WEB_CONFIG_VALUES,),
+}
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +213,8 @@ def crd_schemas() -> dict[str, dict]:
 def test_the_operators_objects_match_its_crd_schemas(helm, values, crd_schemas):
     objects = template(helm, *values)
     operators = [o for o in objects if o["apiVersion"].startswith("monitoring.coreos.com/")]
-    expected = {"ServiceMonitor", "PrometheusRule"} | ({"PodMonitor"} if values else set())
+    pod_monitor = any((yaml.safe_load(v.read_text()).get("podMonitor") or {}).get("enabled") for v in values)
+    expected = {"ServiceMonitor", "PrometheusRule"} | ({"PodMonitor"} if pod_monitor else set())
     assert {o["kind"] for o in operators} == expected
     for document in operators:
         assert document["apiVersion"] == "monitoring.coreos.com/v1"
@@ -355,6 +364,79 @@ def test_aws_nvme_stats_is_the_kustomize_components_patch(helm):
     assert "runAsUser" not in container(template(helm))["securityContext"]
 
 
+def probe_actions(main: dict) -> dict[str, tuple[str, dict]]:
+    """livenessProbe and readinessProbe: each one's handler (httpGet, tcpSocket...) and its settings."""
+    actions = {}
+    for probe in ("livenessProbe", "readinessProbe"):
+        (handler,) = [key for key in main[probe] if key in ("httpGet", "tcpSocket", "exec", "grpc")]
+        actions[probe] = (handler, main[probe][handler])
+    return actions
+
+
+@pytest.mark.parametrize(
+    ("client_auth_type", "handler"),
+    [
+        (None, "httpGet"),
+        ("NoClientCert", "httpGet"),
+        ("RequestClientCert", "httpGet"),
+        ("VerifyClientCertIfGiven", "httpGet"),  # the kubelet gives none: it is let through
+        ("RequireAnyClientCert", "tcpSocket"),
+        ("RequireAndVerifyClientCert", "tcpSocket"),
+    ],
+)
+def test_the_probes_connect_over_tcp_where_client_certificates_are_required(helm, tmp_path, client_auth_type, handler):
+    """The kubelet's probes show no client certificate: where the web configuration requires one, no httpGet
+    probe could complete the TLS handshake (the pods would restart forever), so the probes open a TCP connection to
+    the metrics port; elsewhere they GET /-/healthy and /-/ready, over HTTPS since TLS is on."""
+    tls = {"cert_file": "/etc/volprobe-tls/tls.crt", "key_file": "/etc/volprobe-tls/tls.key"}
+    if client_auth_type is not None:
+        tls |= {"client_auth_type": client_auth_type, "client_ca_file": "/etc/volprobe-tls/ca.crt"}
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"webConfig": {"tls_server_config": tls}}))
+    main = container(template(helm, values))
+    for probe, (found, action) in probe_actions(main).items():
+        assert found == handler, (probe, main[probe])
+        assert action["port"] == main["ports"][0]["name"]
+        if handler == "httpGet":
+            assert action["scheme"] == "HTTPS" and action["path"] in ("/-/healthy", "/-/ready")
+    # The probes' timing (values' livenessProbe, readinessProbe) whatever their handler.
+    assert main["livenessProbe"]["periodSeconds"] == 30 and main["readinessProbe"]["periodSeconds"] == 10
+
+
+def test_the_mutual_tls_example_has_tcp_probes_and_https_monitors(helm):
+    """ci/mtls-values.yaml (also linted and validated above, with the other renders)."""
+    objects = template(helm, MTLS_VALUES)
+    main = container(objects)
+    assert {handler for handler, _ in probe_actions(main).values()} == {"tcpSocket"}
+    (endpoint,) = one(objects, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"]["keySecret"]["name"] == "volprobe-scrape-tls"
+    web = yaml.safe_load(base64.b64decode(one(objects, "Secret")["data"]["web-config.yml"]))
+    assert web["tls_server_config"]["client_auth_type"] == "RequireAndVerifyClientCert"
+
+
+def test_web_config_null_is_no_web_configuration(helm):
+    """webConfig: null (a values file that empties it, `--set webConfig=null`) renders as the default {} does: no
+    Secret, no --web.config.file, HTTP probes and monitors."""
+    assert template(helm, NULL_WEB_CONFIG_VALUES) == template(helm)
+    assert template(helm, sets=("webConfig=null",)) == template(helm)
+
+
+@pytest.mark.parametrize(
+    ("sets", "owner"),
+    [
+        ((), "65534:65534"),
+        (("securityContext.runAsUser=1000", "securityContext.runAsGroup=2000"), "1000:2000"),
+        (("securityContext.runAsUser=1000", "containerSecurityContext.runAsUser=3000"), "3000:65534"),
+        (("containerSecurityContext.runAsUser=4000000", "containerSecurityContext.runAsGroup=0"), "4000000:0"),
+        (("securityContext=null", "containerSecurityContext=null"), "65534:65534"),
+    ],
+)
+def test_the_init_step_gives_the_state_directory_to_the_user_volprobe_runs_as(helm, sets, owner):
+    """chown to runAsUser and runAsGroup of containerSecurityContext, else of securityContext, else 65534."""
+    (init,) = daemonset_pod(template(helm, sets=sets))["spec"]["initContainers"]
+    assert init["command"] == ["chown", "-h", owner, "/var/lib/volprobe"]
+
+
 def test_the_chart_carries_the_generators_rules_and_dashboards(helm):
     """Generated into files/ by `python -m volprobe.mixin`, as the kustomize base's are: the committed copies
     are the generator's, and the rendered PrometheusRule and dashboard ConfigMaps are theirs."""
@@ -406,13 +488,16 @@ def test_a_changed_config_or_web_config_rolls_the_pods(helm):
 # -- the probes against a real volprobe, authentication on ----------------------------------------------------
 
 
-def get(url: str, path: str) -> int:
-    """GET as the kubelet's httpGet probe does: no credentials, and over HTTPS no certificate verification."""
+def get(url: str, path: str, client_cert: tuple[Path, Path] | None = None) -> int:
+    """GET as the kubelet's httpGet probe does: no credentials, and over HTTPS no certificate verification (nor a
+    client certificate, unless given one here)."""
     scheme, address = url.split("://")
     host, port = address.rsplit(":", 1)
     if scheme == "https":
         context = ssl.create_default_context()
         context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        if client_cert is not None:
+            context.load_cert_chain(*client_cert)
         connection: http.client.HTTPConnection = http.client.HTTPSConnection(
             host, int(port), context=context, timeout=10
         )
@@ -425,7 +510,9 @@ def get(url: str, path: str) -> int:
         connection.close()
 
 
-def probes_against_the_exporter(helm, tmp_path, start_exporter, web_config: dict, tls: bool) -> None:
+def probes_against_the_exporter(helm, tmp_path, start_exporter, web_config: dict, tls: bool) -> str:
+    """The chart rendered with this webConfig, its web configuration given to a real volprobe, and its probes run
+    against it as the kubelet runs them: each must pass. The exporter's base URL."""
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({"webConfig": web_config}))
     objects = template(helm, values)
@@ -435,19 +522,25 @@ def probes_against_the_exporter(helm, tmp_path, start_exporter, web_config: dict
     web = write_config(tmp_path, base64.b64decode(secret["data"]["web-config.yml"]).decode(), "web-config.yml")
     config = write_config(tmp_path, "targets: []\n")
     exporter = start_exporter("--config", config, "--web.config.file", web, tls=True)
+    base = f"{'https' if tls else 'http'}://127.0.0.1:{exporter.port}"
     port_names = {p["name"] for p in main["ports"]}
-    for probe in ("livenessProbe", "readinessProbe"):
-        action = main[probe]["httpGet"]
-        assert action["port"] in port_names and action["scheme"] == ("HTTPS" if tls else "HTTP")
-        url = f"{action['scheme'].lower()}://127.0.0.1:{exporter.port}"
-        assert get(url, action["path"]) == 200, (probe, exporter.log()[-2000:])
-    # Authentication is on: /metrics without credentials is refused.
-    assert get(f"{'https' if tls else 'http'}://127.0.0.1:{exporter.port}", "/metrics") == 401
+    for probe, (handler, action) in probe_actions(main).items():
+        assert action["port"] in port_names
+        if handler == "tcpSocket":  # the kubelet's: the connection is accepted, then closed
+            socket.create_connection(("127.0.0.1", exporter.port), timeout=10).close()
+        else:
+            assert handler == "httpGet" and action["scheme"] == ("HTTPS" if tls else "HTTP")
+            assert get(base, action["path"]) == 200, (probe, exporter.log()[-2000:])
+    assert exporter.process.poll() is None, exporter.log()[-2000:]
+    return base
 
 
 def test_the_probes_pass_with_basic_auth_on(helm, tmp_path, start_exporter):
     hashed = bcrypt.hashpw(b"x", bcrypt.gensalt(rounds=4)).decode()
-    probes_against_the_exporter(helm, tmp_path, start_exporter, {"basic_auth_users": {"prometheus": hashed}}, False)
+    base = probes_against_the_exporter(
+        helm, tmp_path, start_exporter, {"basic_auth_users": {"prometheus": hashed}}, False
+    )
+    assert get(base, "/metrics") == 401, "authentication is on: /metrics without credentials is refused"
 
 
 def test_the_probes_pass_over_https_with_basic_auth_on(helm, tmp_path, start_exporter):
@@ -458,4 +551,24 @@ def test_the_probes_pass_over_https_with_basic_auth_on(helm, tmp_path, start_exp
         "tls_server_config": {"cert": (pki / "server.crt").read_text(), "key": (pki / "server.key").read_text()},
         "basic_auth_users": {"prometheus": hashed},
     }
-    probes_against_the_exporter(helm, tmp_path, start_exporter, web_config, True)
+    base = probes_against_the_exporter(helm, tmp_path, start_exporter, web_config, True)
+    assert get(base, "/metrics") == 401, "authentication is on: /metrics without credentials is refused"
+
+
+def test_the_probes_pass_with_client_certificates_required(helm, tmp_path, start_exporter):
+    """client_auth_type RequireAndVerifyClientCert: a GET without a client certificate, as the kubelet's httpGet
+    would be, fails its handshake; the chart's tcpSocket probes pass, and a client with a certificate is served."""
+    (tmp_path / "pki").mkdir()
+    pki = make_pki(tmp_path / "pki")
+    web_config = {
+        "tls_server_config": {
+            "cert_file": str(pki / "server.crt"),
+            "key_file": str(pki / "server.key"),
+            "client_ca_file": str(pki / "ca.crt"),
+            "client_auth_type": "RequireAndVerifyClientCert",
+        }
+    }
+    base = probes_against_the_exporter(helm, tmp_path, start_exporter, web_config, True)
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        get(base, "/-/healthy")  # what an httpGet probe would meet
+    assert get(base, "/-/healthy", client_cert=(pki / "client.crt", pki / "client.key")) == 200

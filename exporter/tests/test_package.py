@@ -24,6 +24,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,8 +32,8 @@ import pytest
 
 from volprobe import __version__
 
+from .support.debian import debian_mirrors
 from .support.harness import REPO, free_port, locked, parse_metrics
-from .test_image import debian_mirrors
 
 NEEDED = ("mmdebstrap", "dpkg-deb", "chroot", "findmnt")
 pytestmark = [
@@ -83,6 +84,34 @@ def the_deb() -> Path:
             assert built.returncode == 0, f".ci/package: exit {built.returncode}\n{built.stdout}\n{built.stderr}"
     assert deb.exists(), f".ci/package made no {deb}"
     return deb
+
+
+def checkout_commit() -> str | None:
+    """The commit of the checkout the package is built from (`git rev-parse HEAD`), or None if it is not a git
+    checkout (a source tarball's tree), where .ci/package can give only "unknown"."""
+    if not (REPO / ".git").exists() or shutil.which("git") is None:
+        return None
+    found = subprocess.run(
+        ["git", "-c", f"safe.directory={REPO}", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
+    )
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def test_the_wheel_carries_the_commit_it_was_built_from():
+    """python -m build makes the wheel from the sdist, where there is no .git: .ci/package hands setup.py the
+    commit ($VOLPROBE_REVISION), which writes it into the wheel's volprobe/_build.py."""
+    commit = checkout_commit()
+    if commit is None:
+        pytest.skip(f"{REPO} is not a git checkout: no commit to carry")
+    the_deb()  # .ci/package builds the wheel with the .deb
+    wheels = sorted((REPO / "dist").glob(f"volprobe-{__version__}-*.whl"))
+    assert wheels, "no wheel in dist/ (.ci/package)"
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            made: dict[str, object] = {}
+            exec(archive.read("volprobe/_build.py").decode(), made)
+        assert made["REVISION"] == commit, f"{wheel.name}: revision {made['REVISION']}: stale? (.ci/package)"
+        assert made["BRANCH"] != "unknown", f"{wheel.name}: branch unknown"
 
 
 def base_tarball() -> Path:
@@ -296,6 +325,10 @@ def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_p
 
         version = in_root(root, "volprobe", "--version")
         assert re.search(rf"\bversion {re.escape(__version__)}\b", version.splitlines()[0]), version
+        # The commit it was built from, though the venv was pip-installed from the sdist (no .git in it).
+        commit = checkout_commit()
+        if commit is not None:
+            assert f"revision: {commit})" in version.splitlines()[0], f"{version}: {deb} is stale? (.ci/package)"
         assert re.search(r"(?m)^\s*probe timer:\s+c$", version), version
         assert "OK" in in_root(root, "volprobe", "check-config", "/etc/volprobe/volprobe.yml")
         serves_in_root(root, tmp_path / "volprobe.log")

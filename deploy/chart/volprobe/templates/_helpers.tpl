@@ -46,9 +46,50 @@ app.kubernetes.io/part-of: volprobe
 {{- end }}
 {{- end }}
 
-{{/* HTTPS when the web configuration turns TLS on (README: "on when a certificate, key or client auth is set"). */}}
+{{/* HTTPS when the web configuration turns TLS on (README: "on when a certificate, key or client auth is set").
+webConfig may be {} or null. */}}
 {{- define "volprobe.scheme" -}}
-{{- if .Values.webConfig.tls_server_config }}HTTPS{{ else }}HTTP{{ end }}
+{{- if get (.Values.webConfig | default dict) "tls_server_config" }}HTTPS{{ else }}HTTP{{ end }}
+{{- end }}
+
+{{/* "true" when every client must show a certificate (client_auth_type RequireAndVerifyClientCert, or
+RequireAnyClientCert and its old name RequireClientCert): the kubelet shows none, so its httpGet probes could not
+complete the handshake, and the probes only open a TCP connection. VerifyClientCertIfGiven lets it through. */}}
+{{- define "volprobe.clientCertRequired" -}}
+{{- $tls := get (.Values.webConfig | default dict) "tls_server_config" | default dict }}
+{{- if has (get $tls "client_auth_type" | default "" | toString) (list "RequireAndVerifyClientCert" "RequireAnyClientCert" "RequireClientCert") }}true{{ end }}
+{{- end }}
+
+{{/* The liveness or readiness probe's action: GET of a path (index . 0) on the metrics port, or, where client
+certificates are required, a TCP connection to it. */}}
+{{- define "volprobe.probeAction" -}}
+{{- $path := index . 0 }}
+{{- $root := index . 1 }}
+{{- if include "volprobe.clientCertRequired" $root -}}
+tcpSocket:
+  port: {{ $root.Values.service.portName }}
+{{- else -}}
+httpGet:
+  path: {{ $path }}
+  port: {{ $root.Values.service.portName }}
+  scheme: {{ include "volprobe.scheme" $root }}
+{{- end }}
+{{- end }}
+
+{{/* "UID:GID" of the user volprobe runs as, whom the init step gives the state directory: runAsUser and runAsGroup
+of containerSecurityContext, else of securityContext (the pod's), else 65534 (nobody), as in the image. */}}
+{{- define "volprobe.stateOwner" -}}
+{{- $ids := dict "runAsUser" 65534 "runAsGroup" 65534 }}
+{{- range list (.Values.securityContext | default dict) (.Values.containerSecurityContext | default dict) }}
+{{- $context := . }}
+{{- range $key := list "runAsUser" "runAsGroup" }}
+{{- $id := get $context $key }}
+{{- if or (kindIs "float64" $id) (kindIs "int64" $id) (kindIs "int" $id) }}
+{{- $_ := set $ids $key $id }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- printf "%d:%d" (int64 $ids.runAsUser) (int64 $ids.runAsGroup) }}
 {{- end }}
 
 {{/* The affinity: the user's, with the exclusion of virtual nodes and EKS Fargate (no block devices of their
