@@ -226,9 +226,14 @@ def threads(count: int, name: str) -> concurrent.futures.ThreadPoolExecutor:
     """A pool of `count` threads named `name`, all started now: the server's threads are there from its start
     (a pool starts them at its first tasks otherwise), so the thread count says nothing of its clients."""
     pool = concurrent.futures.ThreadPoolExecutor(count, initializer=name_this_thread, initargs=(name,))
-    barrier = threading.Barrier(count)
-    for _ in range(count):  # each waits for the others, so none is idle when the next is asked for
-        pool.submit(barrier.wait)
+    # Each waits for the others and for this thread, so none is idle when the next is asked for, and all have
+    # begun before the pool is handed out: a shutdown(cancel_futures=True) at once must not cancel a wait the
+    # started ones count on (they would then wait for ever, and the interpreter for them at exit).
+    barrier = threading.Barrier(count + 1)
+    for _ in range(count):
+        pool.submit(barrier.wait, 10)
+    with contextlib.suppress(threading.BrokenBarrierError):  # a machine too busy to start them in 10 s
+        barrier.wait(10)
     return pool
 
 
