@@ -9,7 +9,7 @@ import pytest
 
 from volprobe import discovery, safety
 
-from .support.harness import MIB, have, run
+from .support.harness import MIB, REPO, have, run, volprobe_command
 from .support.machine import FakeMachine
 
 # (signature maker, the name our own scanner must report). Each runs the real tool on an image file.
@@ -149,3 +149,17 @@ class TestRawWriteRefusal:
             assert "is a partition" in (safety.raw_write_refusal(self.host(), part) or "")
         finally:
             subprocess.run(["partx", "--delete", loop], capture_output=True)
+
+
+def test_a_device_that_fails_every_read_is_refused_with_its_error_never_a_crash(lab_volume):
+    """A device whose reads fail (a dying disk; here a lab volume failing every read) made the signature check
+    raise BufferError from under the read's EIO, past the callers that handle OSError: `volprobe devices`, run
+    while such a device was attached, crashed with a traceback. The read's own error comes through, and
+    `devices` lists the host's devices."""
+    volume = lab_volume(size=8 * MIB)
+    volume.set(fail_reads=1.0)
+    with pytest.raises(OSError):
+        safety._read_ends(volume.device, 8 * MIB)
+    listed = subprocess.run(volprobe_command("devices"), capture_output=True, cwd=REPO)
+    assert listed.returncode == 0, listed.stderr.decode(errors="replace")
+    assert Path(volume.device).name.encode() in listed.stdout

@@ -128,12 +128,13 @@ def _read_ends_of(fd: int, size: int) -> tuple[bytes, bytes]:
     length = min(MIB, size)
     buffer = mmap.mmap(-1, MIB)
     try:
-        view = memoryview(buffer)[:length]
-        ends = []
-        for offset in (0, size - length):
-            done = os.preadv(fd, [view], offset)
-            ends.append(bytes(view[:done]))
-        view.release()
+        # The views are released however the reads end: a buffer still exported cannot be closed, and its
+        # BufferError would hide the read's own error (an EIO) from the callers that handle OSError.
+        with memoryview(buffer) as whole, whole[:length] as view:
+            ends = []
+            for offset in (0, size - length):
+                done = os.preadv(fd, [view], offset)
+                ends.append(bytes(view[:done]))
     finally:
         buffer.close()
     return ends[0], ends[1]
