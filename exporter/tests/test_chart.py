@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import http.client
 import json
 import os
 import shutil
@@ -29,15 +28,15 @@ import yaml
 import volprobe
 from volprobe.mixin import __main__ as generator
 
+from .support.chart import CHART, by_kind, container, daemonset_pod, find_helm, one, template, volprobe_yml
 from .support.harness import REPO, volprobe_command, write_config
+from .support.kubelet import kubelet_get
 from .support.pki import make_pki
 
-CHART = REPO / "deploy" / "chart" / "volprobe"
 FULL_VALUES = CHART / "ci" / "full-values.yaml"
 MTLS_VALUES = CHART / "ci" / "mtls-values.yaml"
 NULL_WEB_CONFIG_VALUES = CHART / "ci" / "null-web-config-values.yaml"
 BASE = REPO / "deploy" / "kubernetes" / "base"
-CI_HELM = Path("/var/cache/volprobe-ci/helm-v3.22.0/helm")
 OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator@v0.85.0"  # as .ci/run downloads it
 OPERATOR_KINDS = {"ServiceMonitor": "servicemonitors", "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
 RENDERS = {
@@ -50,50 +49,7 @@ RENDERS = {
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    configured = os.environ.get("VOLPROBE_HELM")
-    if configured:
-        assert os.access(configured, os.X_OK), f"VOLPROBE_HELM={configured} is not an executable"
-        return configured
-    found = shutil.which("helm") or (str(CI_HELM) if os.access(CI_HELM, os.X_OK) else None)
-    if found is None:
-        pytest.skip(f"no helm: neither $VOLPROBE_HELM, helm on the PATH nor {CI_HELM} (.ci/run builds it)")
-    return found
-
-
-def template(helm: str, *values: Path, sets: tuple[str, ...] = ()) -> list[dict]:
-    """`helm template volprobe CHART -n monitoring` with these values files and --set's: the objects."""
-    command = [helm, "template", "volprobe", str(CHART), "--namespace", "monitoring"]
-    for path in values:
-        command += ["--values", str(path)]
-    for assignment in sets:
-        command += ["--set", assignment]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
-
-
-def by_kind(objects: list[dict], kind: str) -> list[dict]:
-    return [o for o in objects if o["kind"] == kind]
-
-
-def one(objects: list[dict], kind: str) -> dict:
-    (found,) = by_kind(objects, kind)
-    return found
-
-
-def volprobe_yml(objects: list[dict]) -> str:
-    """The configuration file of the chart's ConfigMap (the other ConfigMaps are the dashboards)."""
-    (text,) = [c["data"]["volprobe.yml"] for c in by_kind(objects, "ConfigMap") if "volprobe.yml" in c["data"]]
-    return text
-
-
-def daemonset_pod(objects: list[dict]) -> dict:
-    return one(objects, "DaemonSet")["spec"]["template"]
-
-
-def container(objects: list[dict]) -> dict:
-    (found,) = daemonset_pod(objects)["spec"]["containers"]
-    return found
+    return find_helm()
 
 
 def base_documents(name: str) -> list[dict]:
@@ -488,28 +444,6 @@ def test_a_changed_config_or_web_config_rolls_the_pods(helm):
 # -- the probes against a real volprobe, authentication on ----------------------------------------------------
 
 
-def get(url: str, path: str, client_cert: tuple[Path, Path] | None = None) -> int:
-    """GET as the kubelet's httpGet probe does: no credentials, and over HTTPS no certificate verification (nor a
-    client certificate, unless given one here)."""
-    scheme, address = url.split("://")
-    host, port = address.rsplit(":", 1)
-    if scheme == "https":
-        context = ssl.create_default_context()
-        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
-        if client_cert is not None:
-            context.load_cert_chain(*client_cert)
-        connection: http.client.HTTPConnection = http.client.HTTPSConnection(
-            host, int(port), context=context, timeout=10
-        )
-    else:
-        connection = http.client.HTTPConnection(host, int(port), timeout=10)
-    try:
-        connection.request("GET", path)
-        return connection.getresponse().status
-    finally:
-        connection.close()
-
-
 def probes_against_the_exporter(helm, tmp_path, start_exporter, web_config: dict, tls: bool) -> str:
     """The chart rendered with this webConfig, its web configuration given to a real volprobe, and its probes run
     against it as the kubelet runs them: each must pass. The exporter's base URL."""
@@ -530,7 +464,7 @@ def probes_against_the_exporter(helm, tmp_path, start_exporter, web_config: dict
             socket.create_connection(("127.0.0.1", exporter.port), timeout=10).close()
         else:
             assert handler == "httpGet" and action["scheme"] == ("HTTPS" if tls else "HTTP")
-            assert get(base, action["path"]) == 200, (probe, exporter.log()[-2000:])
+            assert kubelet_get(base, action["path"]) == 200, (probe, exporter.log()[-2000:])
     assert exporter.process.poll() is None, exporter.log()[-2000:]
     return base
 
@@ -540,7 +474,7 @@ def test_the_probes_pass_with_basic_auth_on(helm, tmp_path, start_exporter):
     base = probes_against_the_exporter(
         helm, tmp_path, start_exporter, {"basic_auth_users": {"prometheus": hashed}}, False
     )
-    assert get(base, "/metrics") == 401, "authentication is on: /metrics without credentials is refused"
+    assert kubelet_get(base, "/metrics") == 401, "authentication is on: /metrics without credentials is refused"
 
 
 def test_the_probes_pass_over_https_with_basic_auth_on(helm, tmp_path, start_exporter):
@@ -552,7 +486,7 @@ def test_the_probes_pass_over_https_with_basic_auth_on(helm, tmp_path, start_exp
         "basic_auth_users": {"prometheus": hashed},
     }
     base = probes_against_the_exporter(helm, tmp_path, start_exporter, web_config, True)
-    assert get(base, "/metrics") == 401, "authentication is on: /metrics without credentials is refused"
+    assert kubelet_get(base, "/metrics") == 401, "authentication is on: /metrics without credentials is refused"
 
 
 def test_the_probes_pass_with_client_certificates_required(helm, tmp_path, start_exporter):
@@ -570,5 +504,5 @@ def test_the_probes_pass_with_client_certificates_required(helm, tmp_path, start
     }
     base = probes_against_the_exporter(helm, tmp_path, start_exporter, web_config, True)
     with pytest.raises((ssl.SSLError, ConnectionError)):
-        get(base, "/-/healthy")  # what an httpGet probe would meet
-    assert get(base, "/-/healthy", client_cert=(pki / "client.crt", pki / "client.key")) == 200
+        kubelet_get(base, "/-/healthy")  # what an httpGet probe would meet
+    assert kubelet_get(base, "/-/healthy", client_cert=(pki / "client.crt", pki / "client.key")) == 200
