@@ -19,7 +19,7 @@ def root(tmp_path: Path) -> Path:
     """A root with the system's own units (for the dependencies verify follows) and the paths the units use:
     verify checks that ExecStart binaries exist, and volprobe is not installed system-wide here."""
     shutil.copytree("/lib/systemd/system", tmp_path / "lib/systemd/system", symlinks=True)
-    for binary in ("usr/local/bin/volprobe", "bin/kill"):
+    for binary in ("usr/local/bin/volprobe", "bin/sh"):
         path = tmp_path / binary
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("#!/bin/sh\n")
@@ -79,7 +79,7 @@ def test_probes_never_run_at_the_idle_io_class():
         "DeviceAllow=block-* r",
         "SystemCallFilter=@system-service",
         "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
-        "ExecReload=/bin/kill -HUP $MAINPID",
+        "ExecReload=/bin/sh -c 'kill -HUP \"$MAINPID\"'",
         "Restart=on-failure",
         "StateDirectory=volprobe",
         "ConfigurationDirectory=volprobe",
