@@ -10,6 +10,7 @@ import pytest
 from volprobe import discovery
 from volprobe.config import DiscoveryConfig
 from volprobe.runtime.follow import candidates
+from volprobe.targets import default_config_targets
 
 from .support.harness import run
 from .support.machine import CountingHost, FakeMachine
@@ -398,3 +399,19 @@ def test_a_rescan_looks_only_at_the_devices_its_rules_select_and_once(machine, m
     machine.remake("sda")
     candidates(host, DiscoveryConfig())
     assert host.resolved == 5
+
+
+def test_without_a_configuration_a_disk_whose_node_is_not_in_dev_is_left_out(machine, caplog):
+    """A container given some devices only sees every disk in sysfs: the default targets are those it can open,
+    the others logged, and the start goes on (before, `default[vda].device: /dev/vda: No such file or
+    directory` stopped it, found by test_readme_install)."""
+    machine.block("virtual/block", "vda", "253:0", 2048)
+    machine.block("virtual/block", "vdb", "253:16", 2048)
+    (machine.dev / "vda").unlink()
+    host = discovery.Host(str(machine.sys), str(machine.proc), str(machine.dev))
+    with caplog.at_level("WARNING", logger="volprobe.targets"):
+        chosen = default_config_targets(host)
+    assert [target.name for target in chosen] == ["vdb"]
+    assert [record.getMessage() for record in caplog.records] == [
+        f"not probing vda: {machine.dev / 'vda'} does not exist here"
+    ]

@@ -93,10 +93,15 @@ class ResolvedTarget:
 
 
 def default_config_targets(host: Host) -> list[TargetConfig]:
-    """With no configuration: every whole disk of the machine, read-only."""
+    """With no configuration: every whole disk of the machine, read-only. A disk the kernel lists but whose node
+    is not in /dev (a container given some devices only) is left out, as discovery leaves it, and logged: a
+    default nobody asked for must not stop the start."""
     targets = []
     for name, device in sorted(host.devices().items()):
         if device.kind != "disk" or device.size_bytes == 0 or name.startswith(SKIP_BY_DEFAULT):
+            continue
+        if not os.path.lexists(device.devnode):
+            log.warning("not probing %s: %s does not exist here", name, device.devnode, extra=fields(device=name))
             continue
         key = f"default[{name}]"
         targets.append(
