@@ -21,14 +21,12 @@ image and the pod's containers are removed at the end. Warm (the base and the ap
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 import hashlib
 import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -42,17 +40,13 @@ from .support.chart import CHART, container, daemonset_pod, find_helm, template,
 from .support.debian import debian_mirrors
 from .support.harness import REPO, free_port, locked, parse_metrics, probes_done
 from .support.kubelet import HostDirectory, HostFile, PodmanPod, Probe, UnsupportedField, pod_to_podman, prepare, probe
+from .support.podman import as_udev_would, containers_conf, needs, podman
 
-NEEDED = ("podman", "mmdebstrap")
-needs_podman = pytest.mark.skipif(
-    not all(map(shutil.which, NEEDED)),
-    reason=f"not installed: {' '.join(t for t in NEEDED if not shutil.which(t))} (.ci/run installs them)",
-)
+needs_podman = needs("podman", "mmdebstrap")
 
 CACHE = Path(os.environ.get("VOLPROBE_IMAGE_CACHE", "/var/cache/volprobe-ci/image-base"))
 BASE_REPOSITORY = "localhost/volprobe-test-base"  # a test's own name: the official one stays unshadowed
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-# The host's hard limits are below podman's defaults, and its hybrid cgroups are refused by crun.
 # What Debian's official images (and so python:*-slim) configure apt with: no .deb or package cache kept after an
 # install, no translations fetched. Without it, the image keeps every .deb its apt-get installs downloaded.
 _CLEAN = '"rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"'
@@ -62,12 +56,6 @@ APT::Update::Post-Invoke {{ {_CLEAN}; }};
 Dir::Cache::pkgcache "";
 Dir::Cache::srcpkgcache "";
 Acquire::Languages "none";
-"""
-CONTAINERS_CONF = """\
-[containers]
-default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
-[engine]
-runtime = "runc"
 """
 
 
@@ -89,14 +77,6 @@ def base_recipe(mirrors: list[str]) -> tuple[list[str], list[str]]:
     ]
     changes = ["ENV LANG=C.UTF-8", 'CMD ["python3"]']
     return mmdebstrap, changes
-
-
-def podman(conf: Path, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CONTAINERS_CONF": str(conf)}
-    result = subprocess.run(["podman", *args], capture_output=True, text=True, env=env, timeout=timeout)
-    if check and result.returncode != 0:
-        pytest.fail(f"podman {' '.join(args)}: exit {result.returncode}\n{result.stdout}\n{result.stderr}")
-    return result
 
 
 def local_base(conf: Path) -> str:
@@ -185,26 +165,11 @@ def helm() -> str:
     return find_helm()
 
 
-@contextlib.contextmanager
-def as_udev_would(device: str):
-    """The loop node as udev makes disks (root:disk 0660): there is no udev here, and the container sees the
-    host's mode. Restored afterwards."""
-    before = os.stat(device)
-    os.chown(device, 0, 6)
-    os.chmod(device, 0o660)
-    try:
-        yield device
-    finally:
-        os.chown(device, before.st_uid, before.st_gid)
-        os.chmod(device, before.st_mode & 0o7777)
-
-
 @pytest.mark.root
 @pytest.mark.slow
 @needs_podman
 def test_the_image_builds_and_serves_a_devices_probes_as_the_charts_daemonset_runs_it(helm, tmp_path, make_loop):
-    conf = tmp_path / "containers.conf"
-    conf.write_text(CONTAINERS_CONF)
+    conf = containers_conf(tmp_path)
     started = time.monotonic()
     CACHE.mkdir(parents=True, exist_ok=True)
     with locked(CACHE / "lock"):  # one base made at a time, by the first run (or worker) that needs it

@@ -1,7 +1,8 @@
-"""The Debian package (issue 42): dist/volprobe_VERSION_ARCH.deb, as `.ci/package` builds it, installed with apt
-into a fresh Debian 12 root, run, upgraded over itself with an edited conffile, and purged.
+"""The Debian packages (issue 42): dist/volprobe_VERSION-1+debN_ARCH.deb, as `.ci/package` builds one for each of
+Debian 12 and 13, each installed with apt into a fresh root of its release, run, upgraded over itself with an
+edited conffile, and purged.
 
-The root is a minbase Debian 12 made with mmdebstrap from the machine's bookworm mirrors (cached as a tarball
+The root is a minbase Debian 12 or 13 made with mmdebstrap from the machine's mirrors (cached as a tarball
 keyed by its recipe and mirrors, as test_image's base is; each run unpacks a fresh copy). apt inside it reaches
 the same mirrors; the .debs it downloads are kept in a cache of their own between runs. There is no systemd in
 the root: the exporter is started directly, with the package's configuration, and scraped from here; that the
@@ -32,26 +33,18 @@ import pytest
 
 from volprobe import __version__
 
-from .support.debian import debian_mirrors
+from .support.debian import RELEASES, Release, debian_mirrors, the_deb
 from .support.harness import REPO, free_port, locked, parse_metrics
+from .support.podman import needs
 
-NEEDED = ("mmdebstrap", "dpkg-deb", "chroot", "findmnt")
-pytestmark = [
-    pytest.mark.root,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not all(map(shutil.which, NEEDED)),
-        reason=f"not installed: {' '.join(t for t in NEEDED if not shutil.which(t))} (.ci/run installs them)",
-    ),
-]
+pytestmark = [pytest.mark.root, pytest.mark.slow, needs("mmdebstrap", "dpkg-deb", "chroot", "findmnt")]
 
 CACHE = Path(os.environ.get("VOLPROBE_PACKAGE_TEST_CACHE", "/var/cache/volprobe-ci/package-test-root"))
-# A clean Debian 12: what `apt install ./volprobe_....deb` meets on a fresh machine (minbase: Essential and apt).
+# A clean Debian: what `apt install ./volprobe_....deb` meets on a fresh machine (minbase: Essential and apt).
 ROOT_RECIPE = [
     "--variant=minbase",
     "--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr",
     '--aptopt=APT::Install-Recommends "false"',
-    "bookworm",
 ]
 CHROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 APT_ENV = {**CHROOT_ENV, "DEBIAN_FRONTEND": "noninteractive"}
@@ -60,30 +53,28 @@ SYSTEMD_SEARCH_PATH = ("usr/local/sbin", "usr/local/bin", "usr/sbin", "usr/bin")
 # What the package installs (besides /opt/volprobe's venv), and so what a purge must take away.
 PACKAGE_PATHS = (
     "usr/bin/volprobe",
-    "lib/systemd/system/volprobe.service",
-    "lib/systemd/system/volprobe-warmup@.service",
     "etc/volprobe/volprobe.yml",
     "etc/default/volprobe",
     "usr/share/doc/volprobe/copyright",
 )
+
+
+def assert_enables_the_unit(root: Path, release: Release) -> None:
+    """deb-systemd-helper's symlink names the package's unit: on Debian 13's merged /usr it may name it through
+    /lib, the same file."""
+    target = os.readlink(root / ENABLED)
+    unit = root / release.units / "volprobe.service"
+    assert os.path.realpath(root / target.lstrip("/")) == os.path.realpath(unit), f"{ENABLED} -> {target}"
+
+
+def units_of(release: Release) -> tuple[str, ...]:
+    """The package's units, where its release puts them."""
+    return (f"{release.units}/volprobe.service", f"{release.units}/volprobe-warmup@.service")
+
+
 ENABLED = "etc/systemd/system/multi-user.target.wants/volprobe.service"
 # Left out of the before/after comparison of the root: apt's and dpkg's own records, logs, and the mounts.
 NOT_COMPARED = ("proc", "sys", "dev", "run", "tmp", "var/lib/apt", "var/lib/dpkg", "var/cache", "var/log")
-
-
-def the_deb() -> Path:
-    """dist/volprobe_VERSION_ARCH.deb, built by .ci/package when dist/ has none for this version."""
-    arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout
-    deb = REPO / "dist" / f"volprobe_{__version__}_{arch.strip()}.deb"
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with locked(CACHE / "package.lock"):
-        if not deb.exists():
-            built = subprocess.run(
-                [str(REPO / ".ci" / "package")], capture_output=True, text=True, timeout=1200, cwd=REPO
-            )
-            assert built.returncode == 0, f".ci/package: exit {built.returncode}\n{built.stdout}\n{built.stderr}"
-    assert deb.exists(), f".ci/package made no {deb}"
-    return deb
 
 
 def checkout_commit() -> str | None:
@@ -103,7 +94,7 @@ def test_the_wheel_carries_the_commit_it_was_built_from():
     commit = checkout_commit()
     if commit is None:
         pytest.skip(f"{REPO} is not a git checkout: no commit to carry")
-    the_deb()  # .ci/package builds the wheel with the .deb
+    the_deb(RELEASES[0])  # .ci/package builds the wheel with the .debs
     wheels = sorted((REPO / "dist").glob(f"volprobe-{__version__}-*.whl"))
     assert wheels, "no wheel in dist/ (.ci/package)"
     for wheel in wheels:
@@ -114,25 +105,27 @@ def test_the_wheel_carries_the_commit_it_was_built_from():
         assert made["BRANCH"] != "unknown", f"{wheel.name}: branch unknown"
 
 
-def base_tarball() -> Path:
+def base_tarball(release: Release) -> Path:
     """The minbase root as a tarball: from the cache, or made with mmdebstrap and cached, keyed by its recipe."""
-    mirrors = debian_mirrors()
+    mirrors = debian_mirrors(release.suite)
     assert mirrors, "no bookworm mirror in /etc/apt's sources"
-    key = hashlib.sha256(json.dumps([ROOT_RECIPE, mirrors]).encode()).hexdigest()[:16]
-    tarball = CACHE / f"{key}.tar"
+    recipe = [*ROOT_RECIPE, release.suite]
+    key = hashlib.sha256(json.dumps([recipe, mirrors]).encode()).hexdigest()[:16]
+    tarball = CACHE / f"{release.suite}-{key}.tar"
     with locked(CACHE / "root.lock"):
         if not tarball.exists():
-            partial = CACHE / f"{key}.{os.getpid()}.partial.tar"  # mmdebstrap's output format follows the name
+            # mmdebstrap's output format follows the name
+            partial = CACHE / f"{release.suite}-{key}.{os.getpid()}.partial.tar"
             made = subprocess.run(
-                ["mmdebstrap", "--quiet", *ROOT_RECIPE, str(partial), *mirrors],
+                ["mmdebstrap", "--quiet", *recipe, str(partial), *mirrors],
                 capture_output=True,
                 text=True,
                 timeout=900,
             )
             assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-4000:]
             partial.rename(tarball)
-            for stale in CACHE.glob("*.tar"):  # earlier recipes' roots
-                if stale != tarball:
+            for stale in CACHE.glob("*.tar"):  # this release's earlier recipes' roots, and unnamed ones
+                if stale != tarball and (stale.name.startswith(f"{release.suite}-") or "-" not in stale.name):
                     stale.unlink(missing_ok=True)
     return tarball
 
@@ -143,13 +136,13 @@ def mounts_under(root: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def fresh_root(tmp_path: Path) -> Iterator[Path]:
+def fresh_root(tmp_path: Path, release: Release) -> Iterator[Path]:
     """A fresh copy of the minbase root with /proc, /sys and /dev of this machine, and apt's download cache, mounted
     in it: every mount undone (umount -R) and the root removed at the end, never while anything is mounted in it."""
     root = tmp_path / "root"
     root.mkdir()
-    subprocess.run(["tar", "-C", str(root), "-xf", str(base_tarball())], check=True)
-    archives = CACHE / "apt-archives"
+    subprocess.run(["tar", "-C", str(root), "-xf", str(base_tarball(release))], check=True)
+    archives = CACHE / f"apt-archives-{release.suite}"  # a version names one file within a release only
     (archives / "partial").mkdir(parents=True, exist_ok=True)
     mounted: list[Path] = []
     try:
@@ -220,7 +213,7 @@ def package_state(root: Path) -> str:
     return result.stdout.strip() if result.returncode == 0 else "unknown"
 
 
-def rebuilt(deb: Path, directory: Path, version: str, conffile_addition: str) -> Path:
+def rebuilt(deb: Path, release: Release, directory: Path, version: str, conffile_addition: str) -> Path:
     """The .deb again as version `version`, its /etc/volprobe/volprobe.yml changed: an upgrade that meets a
     locally edited conffile whose packaged version changed too (where dpkg asks, or --force-confold keeps)."""
     tree_dir = directory / "tree"
@@ -234,7 +227,7 @@ def rebuilt(deb: Path, directory: Path, version: str, conffile_addition: str) ->
     md5sums.write_text(
         re.sub(r"(?m)^\S+(  etc/volprobe/volprobe\.yml)$", lambda m: digest + m.group(1), md5sums.read_text())
     )
-    out = directory / deb.name.replace(f"_{__version__}_", f"_{version}_")
+    out = directory / deb.name.replace(f"_{release.version}_", f"_{version}_")
     subprocess.run(
         ["dpkg-deb", "--root-owner-group", "--build", str(tree_dir), str(out)], check=True, stdout=subprocess.DEVNULL
     )
@@ -246,7 +239,7 @@ def scrape(port: int) -> str:
         return response.read().decode()
 
 
-def serves_in_root(root: Path, log: Path) -> None:
+def serves_in_root(root: Path, release: Release, log: Path) -> None:
     """The installed exporter, started in the root as the unit would (its config; a port of the test's), answers a
     scrape from outside the root with its build_info, then stops cleanly on SIGTERM."""
     port = free_port()
@@ -267,7 +260,7 @@ def serves_in_root(root: Path, log: Path) -> None:
         (labels, value), *_ = parse_metrics(text)["volprobe_build_info"]
         assert labels["version"] == __version__ and value == 1, labels
         assert labels["timer"] == "c", f"the package's C timer is not in use: {labels}"
-        assert labels["python_version"].startswith("3.11."), labels
+        assert labels["python_version"].startswith(f"{release.python}."), labels
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -278,11 +271,12 @@ def serves_in_root(root: Path, log: Path) -> None:
     assert process.returncode == 0, f"exit {process.returncode} on SIGTERM\n{log.read_text()[-4000:]}"
 
 
-def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_purges(tmp_path):
-    deb = the_deb()
-    upgrade_version = f"{__version__}+test1"
+@pytest.mark.parametrize("release", RELEASES, ids=lambda release: f"debian{release.number}")
+def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_purges(tmp_path, release):
+    deb = the_deb(release)
+    upgrade_version = f"{release.version}+test1"
     packaged_config = (REPO / "deploy/packaging/debian/volprobe.yml").read_text()
-    with fresh_root(tmp_path) as root:
+    with fresh_root(tmp_path, release) as root:
         shutil.copy(deb, root / "tmp" / deb.name)
         apt_get(root, "update")
         # Its dependencies first, so that what volprobe adds, and what its purge leaves, can be told apart.
@@ -291,8 +285,8 @@ def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_p
 
         # -- Install, with apt, as the README says ---------------------------------------------------------
         apt_get(root, "install", f"/tmp/{deb.name}")
-        assert package_state(root) == f"{__version__} ii"
-        for path in PACKAGE_PATHS:
+        assert package_state(root) == f"{release.version} ii"
+        for path in (*PACKAGE_PATHS, *units_of(release)):
             assert os.path.lexists(root / path), f"/{path} is missing"
         assert os.readlink(root / "usr/bin/volprobe") == "/opt/volprobe/bin/volprobe"
         # The venv's interpreter is Debian's python3, which the package depends on.
@@ -300,7 +294,7 @@ def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_p
         assert "home = /usr/bin" in (root / "opt/volprobe/pyvenv.cfg").read_text()
         # The units are systemd/'s own, and their ExecStart finds the package's binary as systemd would.
         for unit in ("volprobe.service", "volprobe-warmup@.service"):
-            text = (root / "lib/systemd/system" / unit).read_text()
+            text = (root / release.units / unit).read_text()
             assert text == (REPO / "systemd" / unit).read_text(), (
                 f"{unit} differs from systemd/{unit}: {deb} is stale? (.ci/package)"
             )
@@ -317,7 +311,7 @@ def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_p
             "/etc/default/volprobe",
         }
         # Enabled the Debian way: deb-systemd-helper made the symlink, with no systemd running.
-        assert os.readlink(root / ENABLED) == "/lib/systemd/system/volprobe.service"
+        assert_enables_the_unit(root, release)
         # The system user, in group disk.
         passwd = in_root(root, "getent", "passwd", "volprobe").strip().split(":")
         assert int(passwd[2]) < 1000 and passwd[5] == "/var/lib/volprobe" and passwd[6].endswith("nologin"), passwd
@@ -331,7 +325,7 @@ def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_p
             assert f"revision: {commit})" in version.splitlines()[0], f"{version}: {deb} is stale? (.ci/package)"
         assert re.search(r"(?m)^\s*probe timer:\s+c$", version), version
         assert "OK" in in_root(root, "volprobe", "check-config", "/etc/volprobe/volprobe.yml")
-        serves_in_root(root, tmp_path / "volprobe.log")
+        serves_in_root(root, release, tmp_path / "volprobe.log")
         # The state directory as the unit's StateDirectory= with DynamicUser=yes lays it out, with a volume's state
         # in it: a purge takes it away (below).
         (root / "var/lib/private/volprobe").mkdir(parents=True, mode=0o700)
@@ -342,13 +336,13 @@ def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_p
         edited = packaged_config.replace("  exclude: []", "  exclude: ['sr0']") + "# edited on this machine\n"
         assert edited != packaged_config + "# edited on this machine\n", "the default config changed: edit another key"
         (root / "etc/volprobe/volprobe.yml").write_text(edited)
-        newer = rebuilt(deb, tmp_path, upgrade_version, "# changed in the package\n")
+        newer = rebuilt(deb, release, tmp_path, upgrade_version, "# changed in the package\n")
         shutil.copy(newer, root / "tmp" / newer.name)
         apt_get(root, "install", "-o", "Dpkg::Options::=--force-confold", f"/tmp/{newer.name}")
         assert package_state(root) == f"{upgrade_version} ii"
         assert (root / "etc/volprobe/volprobe.yml").read_text() == edited, "the edited configuration was not kept"
         assert (root / "etc/volprobe/volprobe.yml.dpkg-dist").read_text().endswith("# changed in the package\n")
-        assert os.readlink(root / ENABLED) == "/lib/systemd/system/volprobe.service"
+        assert_enables_the_unit(root, release)
         assert __version__ in in_root(root, "volprobe", "--version").splitlines()[0]
         assert "disk" in in_root(root, "id", "-nG", "volprobe").split()
 
@@ -357,6 +351,7 @@ def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_p
         assert package_state(root) == "unknown", package_state(root)  # dpkg forgot it
         for path in (
             *PACKAGE_PATHS,
+            *units_of(release),
             "opt/volprobe",
             "etc/volprobe",
             ENABLED,
