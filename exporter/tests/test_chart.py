@@ -13,7 +13,6 @@ import base64
 import copy
 import json
 import os
-import shutil
 import socket
 import ssl
 import subprocess
@@ -28,7 +27,18 @@ import yaml
 import volprobe
 from volprobe.mixin import __main__ as generator
 
-from .support.chart import CHART, by_kind, container, daemonset_pod, find_helm, one, template, volprobe_yml
+from .support.chart import (
+    CHART,
+    OPERATOR_MODULE,
+    by_kind,
+    container,
+    daemonset_pod,
+    find_helm,
+    one,
+    operator_crd_directory,
+    template,
+    volprobe_yml,
+)
 from .support.harness import REPO, volprobe_command, write_config
 from .support.kubelet import kubelet_get
 from .support.pki import make_pki
@@ -37,7 +47,6 @@ FULL_VALUES = CHART / "ci" / "full-values.yaml"
 MTLS_VALUES = CHART / "ci" / "mtls-values.yaml"
 NULL_WEB_CONFIG_VALUES = CHART / "ci" / "null-web-config-values.yaml"
 BASE = REPO / "deploy" / "kubernetes" / "base"
-OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator@v0.85.0"  # as .ci/run downloads it
 OPERATOR_KINDS = {"ServiceMonitor": "servicemonitors", "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
 RENDERS = {
     "defaults": (),
@@ -110,25 +119,6 @@ def test_each_render_validates_strictly(helm, values, tmp_path):
     assert "ERROR" not in result.stdout
 
 
-def operator_crds() -> Path | None:
-    """The Prometheus Operator's CRDs: $VOLPROBE_OPERATOR_CRDS (.ci/run sets it), else its Go module's copy if
-    Go's module cache holds it (nothing is downloaded here: GOPROXY=off)."""
-    configured = os.environ.get("VOLPROBE_OPERATOR_CRDS")
-    if configured:
-        assert Path(configured, "monitoring.coreos.com_servicemonitors.yaml").is_file(), configured
-        return Path(configured)
-    go = shutil.which("go") or "/usr/local/go/bin/go"
-    if not os.access(go, os.X_OK):
-        return None
-    env = {**os.environ, "GOPROXY": "off", "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"}
-    found = subprocess.run(
-        [go, "mod", "download", "-json", OPERATOR_MODULE], capture_output=True, text=True, env=env, cwd="/"
-    )
-    if found.returncode != 0:
-        return None
-    return Path(json.loads(found.stdout)["Dir"]) / "example" / "prometheus-operator-crd"
-
-
 def strict(schema: dict) -> dict:
     """An OpenAPI v3 schema of a CRD as a JSON schema that rejects unknown fields, as the API server's strict
     field validation does: additionalProperties false wherever properties are listed and nothing else is let in."""
@@ -154,7 +144,7 @@ def strict(schema: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def crd_schemas() -> dict[str, dict]:
-    directory = operator_crds()
+    directory = operator_crd_directory()
     if directory is None:
         pytest.skip(f"no $VOLPROBE_OPERATOR_CRDS, and {OPERATOR_MODULE} is not in Go's module cache (.ci/run has both)")
     schemas = {}

@@ -8,6 +8,7 @@ helm: $VOLPROBE_HELM, else helm on the PATH, else the one .ci/run builds (from G
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from .harness import REPO
 
 CHART = REPO / "deploy" / "chart" / "volprobe"
 CI_HELM = Path("/var/cache/volprobe-ci/helm-v3.22.0/helm")
+OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator@v0.85.0"  # as .ci/run downloads it
 
 
 def find_helm() -> str:
@@ -35,9 +37,12 @@ def find_helm() -> str:
     return found
 
 
-def template(helm: str, *values: Path, sets: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """`helm template volprobe CHART -n monitoring` with these values files and --set's: the objects."""
-    command = [helm, "template", "volprobe", str(CHART), "--namespace", "monitoring"]
+def template(
+    helm: str, *values: Path, sets: tuple[str, ...] = (), release: str = "volprobe", namespace: str = "monitoring"
+) -> list[dict[str, Any]]:
+    """`helm template volprobe CHART -n monitoring` (or this release and namespace) with these values files and
+    --set's: the objects."""
+    command = [helm, "template", release, str(CHART), "--namespace", namespace]
     for path in values:
         command += ["--values", str(path)]
     for assignment in sets:
@@ -72,3 +77,23 @@ def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
     """The pod's one container, volprobe (its init container aside)."""
     (found,) = daemonset_pod(objects)["spec"]["containers"]
     return found
+
+
+def operator_crd_directory() -> Path | None:
+    """The Prometheus Operator's CRDs (monitoring.coreos.com_*.yaml): $VOLPROBE_OPERATOR_CRDS (.ci/run sets it),
+    else its Go module's example/prometheus-operator-crd if Go's module cache holds it (nothing is downloaded
+    here: GOPROXY=off); None without either. test_kube_apiserver installs them into a real API server."""
+    configured = os.environ.get("VOLPROBE_OPERATOR_CRDS")
+    if configured:
+        assert Path(configured, "monitoring.coreos.com_servicemonitors.yaml").is_file(), configured
+        return Path(configured)
+    go = shutil.which("go") or "/usr/local/go/bin/go"
+    if not os.access(go, os.X_OK):
+        return None
+    env = {**os.environ, "GOPROXY": "off", "GOFLAGS": "-mod=mod", "GOTOOLCHAIN": "local"}
+    found = subprocess.run(
+        [go, "mod", "download", "-json", OPERATOR_MODULE], capture_output=True, text=True, env=env, cwd="/"
+    )
+    if found.returncode != 0:
+        return None
+    return Path(json.loads(found.stdout)["Dir"]) / "example" / "prometheus-operator-crd"
