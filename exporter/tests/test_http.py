@@ -407,6 +407,7 @@ def test_health_checks_answer_without_credentials_or_a_rate_limit_token_as_the_d
     assert exporter.stop() == 0
 
 
+@pytest.mark.alone  # bounds the process's CPU share and its answers' latency: nothing may run beside it
 def test_wrong_passwords_take_at_most_half_a_core_and_keep_no_authorised_scrape_waiting(tmp_path, start_exporter):
     """40 connections from 40 addresses sending new wrong passwords (bcrypt cost 10): the old server checked them
     one after another at 107% CPU. Now bcrypt rests as long as it works, so the process stays under
