@@ -81,6 +81,7 @@ scrape_configs:
         "$instance": f"127.0.0.1:{exporter.port}",
         "$target": "etcd",
         "$namespace": ".*",
+        "$storageclass": ".*",
         "$pvc": ".*",
         "$__rate_interval": "10s",
     }

@@ -1,7 +1,8 @@
 """End to end on a real Prometheus (2.42 and 3.x): a disk `discovery:` found, mounted where the kubelet mounts a
 pod's CSI volume, gets its pv and pod_uid from the mount table; Prometheus scrapes it beside a stand-in for
 kube-state-metrics 2.x (its PersistentVolume series, as it writes them) and records target_pvc:...:join, which
-the dashboards' namespace and pvc variables select on."""
+the dashboards' namespace, storageclass and pvc variables select on, and which gives the disk's latency alert its
+claim's namespace and name."""
 
 from __future__ import annotations
 
@@ -78,7 +79,9 @@ def test_a_discovered_pod_volume_gets_its_namespace_and_claim(
         (tmp_path / "state").mkdir()
         exporter = start_exporter("--config", config)
         rules_path = tmp_path / "volprobe-rules.yml"
-        rules_path.write_text(rules.render(mixin.DEFAULTS))
+        # The latency objective at 1 us, at once: the disk's read probes are above it from their first p99.
+        alerting = mixin.from_mapping({"latency_objective": {"read": "1us"}, "latency_objective_for": "0s"})
+        rules_path.write_text(rules.render(alerting))
         prometheus = start_prometheus(
             f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
@@ -113,9 +116,30 @@ scrape_configs:
         (info,) = prometheus.query(f'volprobe_target_info{{target="{name}"}}')
         assert info["metric"]["pod_uid"] == POD and info["metric"]["path"] == loop
         # The dashboards' selection: the claim's namespace keeps the disk, another namespace does not.
-        for namespace, expected in (("shop", [name]), ("billing", []), (".*", [name])):
-            values = {**SUBSTITUTIONS, "$namespace": namespace, "$instance": f"127.0.0.1:{exporter.port}"}
+        for namespace, storageclass, expected in (
+            ("shop", ".*", [name]),
+            ("billing", ".*", []),
+            (".*", ".*", [name]),
+            (".*", "gp3", [name]),
+            (".*", "io2", []),
+        ):
+            values = {**SUBSTITUTIONS, "$namespace": namespace, "$storageclass": storageclass}
+            values["$instance"] = f"127.0.0.1:{exporter.port}"
             picked = prometheus.query(substitute(Scope.of(mixin.DEFAULTS).selected_targets, values))
-            assert sorted(s["metric"]["target"] for s in picked) == expected, namespace
+            assert sorted(s["metric"]["target"] for s in picked) == expected, (namespace, storageclass)
+        # The disk's latency alert carries its claim: one Alertmanager route per namespace reaches its owners.
+        alert: dict = {}
+        while time.monotonic() < deadline + 30 and not alert:
+            alert = next(
+                (
+                    a["labels"]
+                    for a in prometheus.alerts()
+                    if a["labels"]["alertname"] == "VolprobeLatencyHigh" and a["state"] == "firing"
+                ),
+                {},
+            )
+            time.sleep(0.5)
+        assert alert.get("target") == name, prometheus.alerts()
+        assert (alert["namespace"], alert["persistentvolumeclaim"]) == ("shop", "data-postgres-0"), alert
     finally:
         run("umount", str(point))

@@ -139,6 +139,7 @@ def check(prometheus: RunningPrometheus, port: int, device: str) -> None:
             "$disk": Path(device).name,
             "$op": op,
             "$namespace": ".*",
+            "$storageclass": ".*",
             "$pvc": ".*",
             "$__rate_interval": "2m",  # reaching back before the restart: every probe the exporter's window holds
             "$__range": "2m",

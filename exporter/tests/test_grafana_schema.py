@@ -49,10 +49,11 @@ def tsc(node_modules: Path, directory: Path, dashboards: dict[str, dict]) -> sub
 
 
 def committed() -> dict[str, dict]:
-    """Both committed builds: dashboards/ (classic) by name, dashboards/native/ as native/name."""
+    """Every committed build: dashboards/ (classic) by name, dashboards/native/ as native/name,
+    dashboards/node_exporter/ as node_exporter/name."""
     return {
         str(path.relative_to(REPO / "dashboards").with_suffix("")): json.loads(path.read_text())
-        for build in (REPO / "dashboards", REPO / "dashboards" / "native")
+        for build in (REPO / "dashboards", REPO / "dashboards" / "native", REPO / "dashboards" / "node_exporter")
         for path in sorted(build.glob("*.json"))
     }
 
@@ -73,7 +74,7 @@ def test_the_pinned_schema_is_the_stated_grafana(node_modules):
 
 def test_dashboards_type_check_against_grafana_types(node_modules, tmp_path):
     dashboards = committed()
-    assert len(dashboards) == 8
+    assert len(dashboards) == 12
     result = tsc(node_modules, tmp_path / "check", dashboards)
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -19,9 +19,11 @@ from volprobe.mixin import rules
 from .support.dashboards import SUBSTITUTIONS, panels, substitute
 from .support.harness import FIXTURES, PROMETHEUS_VERSIONS, REPO, prometheus_tool
 
-# The committed builds: on the classic series (dashboards/), and on native histograms (dashboards/native/).
-BUILDS = (REPO / "dashboards", REPO / "dashboards" / "native")
-BUILD_IDS = ("classic", "native")
+# The committed builds: on the classic series (dashboards/), on native histograms (dashboards/native/), and on
+# node_exporter's diskstats (dashboards/node_exporter/); each with the mixin keys that build it.
+BUILDS = (REPO / "dashboards", REPO / "dashboards" / "native", REPO / "dashboards" / "node_exporter")
+BUILD_IDS = ("classic", "native", "node_exporter")
+BUILD_KEYS = {"classic": {}, "native": {"histograms": "native"}, "node_exporter": {"diskstats": "node_exporter"}}
 DASHBOARDS = sorted(path for build in BUILDS for path in build.glob("*.json"))
 RANGE_FUNCTIONS = re.compile(r"\b(rate|irate|increase|deriv|delta|changes)\(([^()]|\([^()]*\))*?\[([^\]]+)\]")
 
@@ -124,7 +126,8 @@ def test_the_commit_alert_reads_the_per_op_p99_record_at_the_configured_threshol
         assert rules.commit_p99(c) == 'target_op:volprobe_probe_latency_seconds:p99_rate5m{job="volprobe", op="commit"}'
         assert rules.quantile(c, "p99") in recorded_names(c)
         (alert,) = [r for r in rules.alerting_rules(c) if r["alert"] == "VolprobeCommitLatencyHigh"]
-        assert alert["expr"] == f"{rules.commit_p99(c)} > 0.025" and alert["for"] == "3m"
+        # The comparison, then the warming targets left out and the claim joined (volprobe_test.yml, kube_pvc_test.yml)
+        assert alert["expr"].startswith(f"(\n  {rules.commit_p99(c)} > 0.025\n  unless on (") and alert["for"] == "3m"
         assert "above 25ms" in alert["annotations"]["description"]
     with pytest.raises(ConfigError) as caught:
         mixin.from_mapping({"commit_latency_threshold": "fast", "commit_latency_for": -1})
@@ -191,6 +194,53 @@ def test_the_native_dashboards_are_the_classic_ones_on_native_histograms():
         assert replaced == replacing, path.name
         assert native_blanked == classic_blanked, path.name
         assert replaced > 0 or path.name == "volprobe-warmup.json", path.name
+
+
+VOLPROBE_DISK = re.compile(r"(?<![\w:])volprobe_disk_\w+")  # raw, not a recorded name (device:volprobe_disk_...)
+NODE_DISK = re.compile(r"\bnode_disk_\w+")
+
+
+def test_the_node_exporter_dashboards_are_the_classic_ones_on_node_exporters_diskstats():
+    """dashboards/node_exporter/ holds dashboards/ with each query on volprobe_disk_* reading node_exporter's
+    series of the same name instead (node_disk_*), on the instance's host (the hidden host variable), and nothing
+    else changed: the same panels, ids, variables (but host) and uids."""
+    for path in sorted(BUILDS[0].glob("*.json")):
+        classic = json.loads(path.read_text())
+        node = json.loads((BUILDS[2] / path.name).read_text())
+        assert not VOLPROBE_DISK.search(json.dumps(node)), path.name
+        classic_blanked, replaced = latency_queries_blanked(classic, VOLPROBE_DISK)
+        node_blanked, replacing = latency_queries_blanked(node, NODE_DISK)
+        assert replaced == replacing and (replaced > 0) == (path.name == "volprobe-volume.json"), path.name
+        if replaced:
+            names = [v["name"] for v in node_blanked["templating"]["list"]]
+            host = node_blanked["templating"]["list"].pop(names.index("host"))
+            assert host["hide"] == 2 and host["regex"] == "/^(.+?)(?::[0-9]+)?$/"
+            assert sorted(map(rules.node_disk, VOLPROBE_DISK.findall(json.dumps(classic)))) == sorted(
+                NODE_DISK.findall(json.dumps(node))
+            )
+        assert node_blanked == classic_blanked, path.name
+
+
+def test_the_node_exporter_build_records_the_disks_rates_from_node_disk_and_passes_its_promtool_tests(tmp_path):
+    """`diskstats: node_exporter`: no rule reads volprobe_disk_*; the disks' rates keep their recorded names
+    (the limit alert reads them), recorded from node_disk_* for the devices volprobe probes, under volprobe's job
+    and instance; promtool 2.42 and 3.x check the rules and pass their unit tests
+    (fixtures/node_exporter_rules_test.yml)."""
+    node = mixin.from_mapping({"diskstats": "node_exporter"})
+    text = rules.render(node)
+    assert not VOLPROBE_DISK.search(text) and NODE_DISK.search(text)
+    assert recorded_names(node) == recorded_names(mixin.DEFAULTS)
+    (tmp_path / "node-exporter-rules.yml").write_text(text)
+    test = tmp_path / "node_exporter_rules_test.yml"
+    test.write_text((FIXTURES / "node_exporter_rules_test.yml").read_text())
+    for version in PROMETHEUS_VERSIONS:
+        checked = subprocess.run(
+            [prometheus_tool("promtool", version), "check", "rules", str(tmp_path / "node-exporter-rules.yml")],
+            capture_output=True,
+            text=True,
+        )
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        promtool_test_rules(version, test)
 
 
 def test_regeneration_is_one_command(tmp_path):
@@ -320,19 +370,19 @@ def test_each_renamed_rule_records_what_its_old_name_did(version, tmp_path):
 
 # -- selector and cluster label: every query honours them ------------------------------------------------------
 
-CUSTOM = {"selector": 'job="vp", env="prod"', "cluster_label": "tenant"}
+CUSTOM = {"selector": 'job="vp", env="prod"', "cluster_label": "tenant", "node_exporter_selector": 'job="nx"'}
 # A series selector: a name (volprobe's, or a recorded one with colons) and its matchers.
 SERIES = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)(\{[^{}]*\})?")
 
 
 def custom_dashboards() -> dict[str, dict]:
-    """Both builds (classic, native), each dashboard as build/name."""
+    """Every build (classic, native, node_exporter), each dashboard as build/name."""
     from volprobe.mixin import dashboards
 
     return {
         f"{build}/{name}": json.loads(text)
         for build in BUILD_IDS
-        for name, text in dashboards.render_all(mixin.from_mapping({**CUSTOM, "histograms": build})).items()
+        for name, text in dashboards.render_all(mixin.from_mapping({**CUSTOM, **BUILD_KEYS[build]})).items()
     }
 
 
@@ -353,11 +403,17 @@ def series_selectors(expr: str) -> list[tuple[str, str]]:
 
 def test_every_dashboard_query_honours_the_selector_and_the_cluster_label():
     """Rendered with another selector and cluster label: each volprobe series a query or a variable reads is
-    selected by the selector and, but for the cluster variable's own query, by the cluster label."""
+    selected by the selector and, but for the cluster variable's own query, by the cluster label; each of
+    node_exporter's (diskstats: node_exporter) by node_exporter_selector, the cluster label and the instance's
+    host."""
     for name, model in custom_dashboards().items():
         for expr in dashboard_queries(model):
             selectors = series_selectors(expr)
-            assert selectors, f"{name}: {expr}"
+            node = [(series, braces) for series, braces in SERIES.findall(expr) if series.startswith("node_")]
+            assert selectors or node, f"{name}: {expr}"
+            assert not node or name.startswith("node_exporter/"), f"{name}: {expr}"
+            for _series, braces in node:
+                assert braces.startswith('{job="nx", tenant=~"$cluster", instance=~"$host(:[0-9]+)?"'), expr
             for series, braces in selectors:
                 assert braces.startswith("{" + CUSTOM["selector"]), f"{name}: {series} without the selector: {expr}"
                 # The cluster variables list the label's values; Migration's job spans both sides' clusters.
@@ -675,9 +731,10 @@ def test_a_mixin_value_of_the_wrong_type_exits_2_naming_the_key(tmp_path, text, 
 
 
 @pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
-def test_the_namespace_and_pvc_variables_narrow_the_targets(version, tmp_path):
-    """The dashboards' target selection (Scope.selected_targets), on promtool over the recorded join: a namespace or
-    a claim picked keeps only its targets; All (.*) keeps every target, a disk no claim is on too."""
+def test_the_namespace_storageclass_and_pvc_variables_narrow_the_targets(version, tmp_path):
+    """The dashboards' target selection (Scope.selected_targets), on promtool over the recorded join: a namespace,
+    a storage class or a claim picked keeps only its targets; All (.*) keeps every target, a disk no claim is on
+    too."""
     from volprobe.mixin.dashboards.variables import Scope
 
     selected_targets = Scope.of(mixin.DEFAULTS).selected_targets
@@ -698,12 +755,19 @@ def test_the_namespace_and_pvc_variables_narrow_the_targets(version, tmp_path):
             "1x10",
         ),
         (f'kube_persistentvolume_info{{{ksm},persistentvolume="pvc-a",storageclass="gp3"}}', "1x10"),
-        (f'kube_persistentvolume_info{{{ksm},persistentvolume="pvc-b",storageclass="gp3"}}', "1x10"),
+        (f'kube_persistentvolume_info{{{ksm},persistentvolume="pvc-b",storageclass="io2"}}', "1x10"),
     ]
-    cases = {(".*", ".*"): ["nvme0n1", "nvme1n1", "nvme2n1"], ("shop", ".*"): ["nvme1n1"], (".*", "logs"): ["nvme2n1"]}
+    cases = {
+        (".*", ".*", ".*"): ["nvme0n1", "nvme1n1", "nvme2n1"],
+        ("shop", ".*", ".*"): ["nvme1n1"],
+        (".*", ".*", "logs"): ["nvme2n1"],
+        (".*", "io2", ".*"): ["nvme2n1"],
+        ("shop", "io2", ".*"): [],
+    }
     tests = []
-    for (namespace, pvc), targets in cases.items():
-        values = {**SUBSTITUTIONS, "$namespace": namespace, "$pvc": pvc, "$instance": "node-1"}
+    for (namespace, storageclass, pvc), targets in cases.items():
+        values = {**SUBSTITUTIONS, "$namespace": namespace, "$storageclass": storageclass, "$pvc": pvc}
+        values["$instance"] = "node-1"
         expr = f"count by (target) ({substitute(selected_targets, values)})"
         samples = [{"labels": f'{{target="{t}"}}', "value": 1} for t in targets]
         tests.append({"expr": expr, "eval_time": "5m", "exp_samples": samples})

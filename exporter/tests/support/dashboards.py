@@ -25,8 +25,10 @@ SUBSTITUTIONS = {
     "$candidate": "azure",
     "$device": "nvme1n1",
     "$disk": "nvme1n1",
+    "$host": "host",  # $instance without its :port (diskstats: node_exporter)
     "$op": "write",
     "$namespace": ".*",
+    "$storageclass": ".*",
     "$pvc": ".*",
 }
 

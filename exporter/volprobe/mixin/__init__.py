@@ -73,6 +73,9 @@ class MixinConfig:
     regression_factor: float = setting(2.0, RATIO, "regression: p99 above this many times its baseline")
     regression_min_increase: str = setting("1ms", DURATION, "regression: and at least this much above it")
     regression_for: str = setting("15m", DURATION, "for: of the regression alert")
+    baseline_min_history: str = setting(
+        "1d", DURATION, "regression: only against a baseline already recorded this long ago (a day of history)"
+    )
     throttle_for: str = setting("5m", DURATION, "for: of the throttling alert")
     limit_ratio: float = setting(0.9, RATIO, "share of a provisioned limit that alerts")
     limit_for: str = setting("15m", DURATION, "for: of the limit alert")
@@ -102,6 +105,16 @@ class MixinConfig:
         schema.choice(("classic", "native")),
         "what the rules' and dashboards' latency queries read: the classic buckets (Prometheus 2), or native "
         "histograms (Prometheus 3 with scrape_native_histograms)",
+    )
+    diskstats: str = setting(
+        "volprobe",
+        schema.choice(("volprobe", "node_exporter")),
+        "whose diskstats the rules (the disks' rates, the limit alert) and the Volume dashboard read: volprobe's "
+        "volprobe_disk_*, or node_exporter's node_disk_* (volprobe run with --no-collector.diskstats), matched to "
+        "volprobe's on device and the host of instance (its :port dropped)",
+    )
+    node_exporter_selector: str = setting(
+        'job="node"', TEXT, "with diskstats: node_exporter, which series are node_exporter's (a label matcher)"
     )
     interval: str = setting("", INTERVAL, "evaluation interval of the rule groups; empty: Prometheus's global")
     long_interval: str = setting(

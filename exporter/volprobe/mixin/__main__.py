@@ -1,7 +1,8 @@
 """python -m volprobe.mixin [--config FILE] [--out DIR]: write alerts/volprobe-rules.yml, dashboards/*.json
 and their Kubernetes forms (a PrometheusRule and ConfigMaps for the Grafana sidecar) in deploy/kubernetes/base,
-copies of the rules and dashboards for the Helm chart in deploy/chart/volprobe/files, and with classic
-histograms (the default), the same dashboards built for native histograms in dashboards/native/."""
+copies of the rules and dashboards for the Helm chart in deploy/chart/volprobe/files, with classic histograms
+(the default), the same dashboards built for native histograms in dashboards/native/, and with volprobe's
+diskstats (the default), the same dashboards on node_exporter's in dashboards/node_exporter/."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ def outputs(config_path: str | None) -> dict[str, str]:
         # dashboards and uids (one build or the other), which read the recorded names either rule build records.
         for name, text in dashboards.render_all(replace(config, histograms="native")).items():
             files[f"dashboards/native/{name}"] = text
+    if config.diskstats == "volprobe":
+        # For volprobe run with --no-collector.diskstats beside node_exporter: the same dashboards and uids, the
+        # Volume dashboard's diskstats panels on node_disk_*. Its rules are generated with `diskstats:
+        # node_exporter` (and the node_exporter_selector of your setup): not committed, as the native ones.
+        for name, text in dashboards.render_all(replace(config, diskstats="node_exporter")).items():
+            files[f"dashboards/node_exporter/{name}"] = text
     files["deploy/kubernetes/base/prometheusrule.yaml"] = kubernetes.prometheus_rule(config)
     files["deploy/kubernetes/base/grafana-dashboards.yaml"] = kubernetes.dashboard_configmaps(rendered)
     # The Helm chart's copies, which its templates read with .Files.Get (a chart cannot reach outside its directory).

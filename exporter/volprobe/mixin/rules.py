@@ -25,7 +25,22 @@ INSTANCE = "job, instance"
 # is keyed by: a target, with its PVC's), the series it is built from, and the operation (a join), as
 # kubernetes-mixin names namespace_workload_pod:kube_pod_owner:relabel.
 TARGET_PVC = f"target_pvc:{metrics.TARGET_INFO.name}:join"
+# The labels that name a volume's claim on an alert: kube-state-metrics' own, as TARGET_PVC records them, so that
+# one Alertmanager route per namespace (or claim) sends a slow volume to its owners.
+CLAIM = "namespace, persistentvolumeclaim"
+# A target in a join: its name is unique on an instance (volprobe_probe_inflight_seconds has no device label).
+TARGET_KEY = "job, instance, target"
+# How far back from baseline_min_history the baseline is looked for (present_over_time's window): it is recorded
+# every long_interval (5m), so an hour finds it whatever that interval and across a missed evaluation or two.
+BASELINE_SEEN_WITHIN = "1h"
 QUANTILES = (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
+# diskstats: node_exporter. A node_exporter series is matched to volprobe's on device and the cluster label, and on
+# the host of their instance labels: instance with its :port dropped, in a label of its own (HOST). On Kubernetes
+# both carry the node's name as instance (this chart's ServiceMonitor and kube-prometheus's node-exporter set it);
+# on a host, each its own host:port (host:10130, host:9100). Where the two name a host differently (an IP and a
+# name), relabel one of them to the other's form.
+HOST = "host"
+HOST_OF_INSTANCE = "(.+?)(?::[0-9]+)?"
 
 
 def by(c: MixinConfig, labels: str) -> str:
@@ -92,6 +107,53 @@ def disk_bytes_rate(c: MixinConfig) -> str:
     return f"device:volprobe_disk_bytes:rate{c.rate_window}"
 
 
+def node_disk(name: str) -> str:
+    """node_exporter's name of a volprobe_disk_* series (volprobe_disk_reads_completed_total ->
+    node_disk_reads_completed_total): volprobe names its diskstats as node_exporter does."""
+    if not name.startswith("volprobe_disk_"):
+        raise ValueError(f"{name} is not one of volprobe's diskstats")
+    return "node_" + name.removeprefix("volprobe_")
+
+
+def with_host(expr: str) -> str:
+    """expr with the host of its instance in HOST (the instance without its :port)."""
+    return f'label_replace({expr}, "{HOST}", "$1", "instance", "{HOST_OF_INSTANCE}")'
+
+
+def probed_devices(c: MixinConfig) -> str:
+    """One series per device whose diskstats volprobe's own collector exports (each target's device and the
+    disks under it), with volprobe's job and instance, and HOST: what node_exporter's series are matched to."""
+    return with_host(
+        f"max by ({by(c, DEVICE)}) (\n"
+        f'    {metrics.TARGET_INFO.name}{{{c.selector}, device!=""}}\n'
+        "  or\n"
+        f'    label_replace({metrics.TARGET_DISK_INFO.name}{{{c.selector}}}, "device", "$1", "disk", "(.+)")\n'
+        "  )"
+    )
+
+
+def disk_rate(c: MixinConfig, read: metrics.MetricSpec[Any], write: metrics.MetricSpec[Any]) -> str:
+    """A device's reads and writes (or bytes) per second over rate_window, by device on volprobe's job and
+    instance: from volprobe_disk_*, or with diskstats: node_exporter from node_exporter's node_disk_* of the
+    devices volprobe probes (probed_devices), with volprobe's job and instance, so that what reads the recorded
+    rate (the limit alert, on volprobe's limits) is the same either way."""
+    window = c.rate_window
+    if c.diskstats == "node_exporter":
+        node = c.node_exporter_selector
+        rates = (
+            f"rate({node_disk(read.total)}{{{node}}}[{window}]) + rate({node_disk(write.total)}{{{node}}}[{window}])"
+        )
+        return (
+            f"sum by ({by(c, DEVICE)}) (\n"
+            f"    {with_host(rates)}\n"
+            f"  * on ({by(c, HOST)}, device) group_left (job, instance)\n"
+            f"{_indent(probed_devices(c), '    ')}\n"
+            ")"
+        )
+    sel = c.selector
+    return f"sum by ({by(c, DEVICE)}) (rate({read.total}{{{sel}}}[{window}]) + rate({write.total}{{{sel}}}[{window}]))"
+
+
 def renamed(c: MixinConfig) -> dict[str, str]:
     """Each name 0.1.0 recorded that was renamed -> its name now. The old names are a public contract, written
     out as they were: the deprecated groups (deprecated_rules) record them for one more release."""
@@ -148,6 +210,50 @@ def target_pvc_rule(c: MixinConfig) -> dict[str, Any]:
     }
 
 
+def _indent(expr: str, by: str = "  ") -> str:
+    return "\n".join(by + line for line in expr.split("\n"))
+
+
+def claim_of(c: MixinConfig, keys: str, base: str) -> str:
+    """One series per `keys` (TARGET_KEY: a target; DEVICE: a disk) that `base` has: with the namespace and
+    persistentvolumeclaim of the claim on it (TARGET_PVC, from kube-state-metrics), where exactly one claim is on
+    it; else without them (a volume no claim is on, a disk under claims of its own (LVM), kube-state-metrics not
+    scraped). Built from `base` too, not from volprobe_target_info alone, so that the join below keeps every
+    series of an alert whatever collectors run."""
+    k = by(c, keys)
+    claims = f"max by ({k}, {CLAIM}) ({TARGET_PVC}{{{c.selector}}})"
+    return (
+        f"  {claims}\nand on ({k})\n  count by ({k}) (\n    {claims}\n  ) == 1\nor on ({k})\n  group by ({k}) ({base})"
+    )
+
+
+def with_claim(c: MixinConfig, expr: str, keys: str, base: str) -> str:
+    """An alert's expression with its volume's claim (claim_of) as labels: namespace and persistentvolumeclaim,
+    set where one claim is on the volume and dropped where none is. Dropped too is the namespace a scrape gives
+    the raw series (the exporter pod's, with the Prometheus Operator): a volume's alert is routed by its claim's
+    namespace, never by the namespace volprobe runs in. The value is expr's (times 1)."""
+    k = by(c, keys)
+    return f"(\n{_indent(expr)}\n)\n* on ({k}) group_left ({CLAIM}) (\n{_indent(claim_of(c, keys, base))}\n)"
+
+
+def warming(c: MixinConfig) -> str:
+    """The targets volprobe is warming up (reading end to end), or was within rate_window (their p99 over it still
+    holds the warm-up's load), and every target on one of their disks (a directory target on a partition of a disk
+    being warmed): one series per target. Their latency is volprobe's own load, not the volume's: the Warm-up
+    dashboard shows it, and no latency alert is pending or firing on them."""
+    sel, disks = c.selector, metrics.TARGET_DISK_INFO.name
+    running = f'max_over_time({metrics.WARMUP_STATE.name}{{{sel}, state="running"}}[{c.rate_window}]) == 1'
+    return (
+        f"  max by ({by(c, TARGET_KEY)}) (\n"
+        f"      {running}\n"
+        "    or\n"
+        f"      {disks}{{{sel}}}\n"
+        f"      and on ({by(c, 'job, instance, disk')})\n"
+        f"        ({disks}{{{sel}}} and on ({by(c, TARGET_KEY)}) {running})\n"
+        "  )"
+    )
+
+
 def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
     """Short windows, evaluated at the global interval: the bucket rates first, then what is built from them."""
     rates = bucket_rate(c)
@@ -165,15 +271,7 @@ def recording_rules(c: MixinConfig) -> list[dict[str, Any]]:
         (disk_ops_rate(c), READS, WRITES),
         (disk_bytes_rate(c), READ_BYTES, WRITTEN_BYTES),
     ):
-        rules.append(
-            {
-                "record": record,
-                "expr": (
-                    f"sum by ({by(c, DEVICE)}) (rate({read.total}{{{c.selector}}}[{c.rate_window}])"
-                    f" + rate({write.total}{{{c.selector}}}[{c.rate_window}]))"
-                ),
-            }
-        )
+        rules.append({"record": record, "expr": disk_rate(c, read, write)})
     rules.append(target_pvc_rule(c))
     return rules
 
@@ -215,11 +313,15 @@ def _alert(
     }
 
 
-WHERE = "{{ $labels.target }} ({{ $labels.device }}) on {{ $labels.instance }}"
+# The claim a volume's alert carries (with_claim), in its description: nothing where none is on the volume.
+CLAIMED = "{{ with $labels.persistentvolumeclaim }} (claim {{ $labels.namespace }}/{{ . }}){{ end }}"
+WHERE = "{{ $labels.target }} ({{ $labels.device }}) on {{ $labels.instance }}" + CLAIMED
+ON_DISK = "{{ $labels.device }} on {{ $labels.instance }}" + CLAIMED  # a disk's (throttling, limits)
 
 
 def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
     sel = c.selector
+    p99 = quantile(c, "p99")
     rules = []
     objectives = sorted(c.latency_objective.items())
     shown = (
@@ -233,8 +335,15 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeLatencyHigh",
-            "\nor ".join(
-                f'{quantile(c, "p99")}{{{sel}, op="{op}"}} > {_seconds_text(objective)}' for op, objective in objectives
+            with_claim(
+                c,
+                "(\n"
+                + "\nor\n".join(
+                    f'  {p99}{{{sel}, op="{op}"}} > {_seconds_text(objective)}' for op, objective in objectives
+                )
+                + f"\n)\nunless on ({by(c, TARGET_KEY)})\n{warming(c)}",
+                TARGET_KEY,
+                f"{p99}{{{sel}}}",
             ),
             c.latency_objective_for,
             "warning",
@@ -243,18 +352,34 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             f"the last {c.rate_window}, above the {shown} objective.",
         )
     )
-    factor, increase, p99 = c.regression_factor, _seconds_text(c.regression_min_increase), quantile(c, "p99")
+    factor, increase, base = c.regression_factor, _seconds_text(c.regression_min_increase), baseline(c)
+    regressed = f"{p99}{{{sel}}} > {factor:g} * {base}{{{sel}}}\nand {p99}{{{sel}}} - {base}{{{sel}}} > {increase}"
+    if c.seconds("baseline_min_history") > 0:
+        # Against a baseline of enough history only: one recorded baseline_min_history ago already (a day), so
+        # at least a day of p99 in the median. A fresh one is the median of a few minutes (of a fresh start,
+        # of a warm-up): 2x above it is no regression. Its age, not a count of samples: present_over_time on
+        # the recorded baseline, a dozen samples a series, where counting the p99's would read as many as the
+        # median does, and a count would depend on the evaluation interval.
+        regressed += (
+            f"\nand on ({by(c, PROBE)})\n"
+            f"  present_over_time({base}{{{sel}}}[{BASELINE_SEEN_WITHIN}] offset {c.baseline_min_history})"
+        )
     rules.append(
         _alert(
             c,
             "VolprobeLatencyRegression",
-            f"{p99}{{{sel}}} > {factor:g} * {baseline(c)}{{{sel}}}\n"
-            f"and {p99}{{{sel}}} - {baseline(c)}{{{sel}}} > {increase}",
+            with_claim(
+                c,
+                f"{regressed}\nunless on ({by(c, TARGET_KEY)})\n{warming(c)}",
+                TARGET_KEY,
+                f"{p99}{{{sel}}}",
+            ),
             c.regression_for,
             "warning",
             "Volume latency regressed against its own baseline.",
             f"The p99 of {{{{ $labels.op }}}} probes of {WHERE} is {{{{ $value | humanizeDuration }}}}, more than "
-            f"{factor:g}x its baseline (the median p99 of the last {c.baseline_window}) and at least "
+            f"{factor:g}x its baseline (the median p99 of the last {c.baseline_window}, recorded for "
+            f"{c.baseline_min_history} at least) and at least "
             f"{c.regression_min_increase} above it.",
         )
     )
@@ -264,7 +389,13 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeCommitLatencyHigh",
-            f"{commit_p99(c)} > {_seconds_text(c.commit_latency_threshold)}",
+            with_claim(
+                c,
+                f"{commit_p99(c)} > {_seconds_text(c.commit_latency_threshold)}\n"
+                f"unless on ({by(c, TARGET_KEY)})\n{warming(c)}",
+                TARGET_KEY,
+                commit_p99(c),
+            ),
             c.commit_latency_for,
             "warning",
             "Commits (write + fdatasync) slower than etcd's disk guidance.",
@@ -290,15 +421,15 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeThrottled",
-            plateau,
+            with_claim(c, plateau, DEVICE, f"{active}{{{sel}}}"),
             c.throttle_for,
             "warning",
             "Volume throttled at a provider cap.",
             '{{ if eq $labels.source "provider" }}'
-            "{{ $labels.device }} on {{ $labels.instance }}: the device's own statistics count demand over its "
+            f"{ON_DISK}: the device's own statistics count demand over its "
             f"{{{{ $labels.limit }}}} limit most of the time, for {c.throttle_for}: it is throttled, and its "
             "latency includes the queue.{{ else }}"
-            "{{ $labels.device }} on {{ $labels.instance }} has been flat at "
+            f"{ON_DISK} has been flat at "
             '{{ if eq $labels.limit "iops" }}{{ $value | humanize }} IOPS{{ else }}{{ $value | humanize1024 }}B/s{{ end }}'
             f" ({{{{ $labels.dir }}}}) with requests queueing for {c.throttle_for}: it is throttled at its "
             "{{ $labels.limit }} limit, and its latency includes the queue.{{ end }}",
@@ -316,11 +447,11 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeNearProvisionedLimit",
-            near,
+            with_claim(c, near, DEVICE, f"{disk_ops_rate(c)}{{{sel}}}"),
             c.limit_for,
             "warning",
             "Volume near its provisioned limit.",
-            "{{ $labels.device }} on {{ $labels.instance }} runs at {{ $value | humanizePercentage }} of its provisioned "
+            f"{ON_DISK} runs at {{{{ $value | humanizePercentage }}}} of its provisioned "
             f"{{{{ $labels.limit }}}} limit over {c.rate_window}.",
         )
     )
@@ -328,11 +459,16 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeProbeStalled",
-            f"{metrics.PROBE_INFLIGHT.name}{{{sel}}} > {_seconds_text(c.stall_threshold)}",
+            with_claim(
+                c,
+                f"{metrics.PROBE_INFLIGHT.name}{{{sel}}} > {_seconds_text(c.stall_threshold)}",
+                TARGET_KEY,
+                f"{metrics.PROBE_INFLIGHT.name}{{{sel}}}",
+            ),
             c.stall_for,
             "critical",
             "A probe has been stuck in the kernel: the volume does not answer.",
-            "A {{ $labels.op }} probe of {{ $labels.target }} on {{ $labels.instance }} has been in flight "
+            f"A {{{{ $labels.op }}}} probe of {{{{ $labels.target }}}} on {{{{ $labels.instance }}}}{CLAIMED} has been in flight "
             "for {{ $value | humanizeDuration }}: I/O to this volume hangs.",
         )
     )
@@ -341,12 +477,17 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             c,
             "VolprobeMountHung",
             # The value: how long since the mount last answered (the start of the epoch if it never did).
-            f"time() - {metrics.MOUNT_LAST_RESPONSE_TIME.name}{{{sel}}}\n"
-            f"and on ({by(c, TARGET)}) {metrics.MOUNT_RESPONSIVE.name}{{{sel}}} == 0",
+            with_claim(
+                c,
+                f"time() - {metrics.MOUNT_LAST_RESPONSE_TIME.name}{{{sel}}}\n"
+                f"and on ({by(c, TARGET)}) {metrics.MOUNT_RESPONSIVE.name}{{{sel}}} == 0",
+                TARGET_KEY,
+                f"{metrics.MOUNT_LAST_RESPONSE_TIME.name}{{{sel}}}",
+            ),
             c.mount_hung_for,
             "critical",
             "A directory target's mount does not answer: every process touching it hangs.",
-            "The filesystem of {{ $labels.target }} on {{ $labels.instance }} last answered a statfs and a stat of "
+            f"The filesystem of {{{{ $labels.target }}}} on {{{{ $labels.instance }}}}{CLAIMED} last answered a statfs and a stat of "
             "its directory {{ $value | humanizeDuration }} ago: the mount hangs (an NFS, CephFS or SMB server gone, "
             "a FUSE daemon stuck) or fails.",
         )
@@ -357,7 +498,12 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
             "VolprobeProbeErrors",
             # The failures counter exists at 0 from a probe's start, so the very first failure is an increase
             # (an errno series would appear at 1, which increase() cannot see).
-            f"sum by ({by(c, PROBE)}) (increase({metrics.PROBE_FAILURES.total}{{{sel}}}[{c.rate_window}])) > 0",
+            with_claim(
+                c,
+                f"sum by ({by(c, PROBE)}) (increase({metrics.PROBE_FAILURES.total}{{{sel}}}[{c.rate_window}])) > 0",
+                TARGET_KEY,
+                f"{metrics.PROBE_FAILURES.total}{{{sel}}}",
+            ),
             c.errors_for,
             "warning",
             "Probes of a volume fail.",
@@ -369,11 +515,17 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeProbesMissing",
-            f"sum by ({by(c, PROBE)}) ({_increase_of_count(c)}) == 0\n"
-            f"and on ({by(c, INSTANCE)}) up{{{sel}}} == 1\n"
-            # only probes that already existed a whole window ago: a fresh start is not "missing"
-            f"and on ({by(c, PROBE)})\n"
-            f"  sum by ({by(c, PROBE)}) ({probe_count(c, c.missing_window)})",
+            with_claim(
+                c,
+                f"sum by ({by(c, PROBE)}) ({_increase_of_count(c)}) == 0\n"
+                f"and on ({by(c, INSTANCE)}) up{{{sel}}} == 1\n"
+                # only probes that already existed a whole window ago: a fresh start is not "missing"
+                f"and on ({by(c, PROBE)})\n"
+                f"  sum by ({by(c, PROBE)}) ({probe_count(c, c.missing_window)})",
+                TARGET_KEY,
+                # what the alert is made of: a probe whose series went is missing too
+                _increase_of_count(c),
+            ),
             c.missing_for,
             "warning",
             "The exporter is up but a probe produced no sample.",
@@ -448,9 +600,14 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeWarmupStalled",
-            f'{metrics.WARMUP_STATE.name}{{{sel}, state="running"}} == 1\n'
-            f"and on ({by(c, TARGET)}) changes({done}{{{sel}}}[{c.warmup_stall_window}]) == 0\n"
-            f"and on ({by(c, TARGET)}) {done}{{{sel}}} offset {c.warmup_stall_window}",
+            with_claim(
+                c,
+                f'{metrics.WARMUP_STATE.name}{{{sel}, state="running"}} == 1\n'
+                f"and on ({by(c, TARGET)}) changes({done}{{{sel}}}[{c.warmup_stall_window}]) == 0\n"
+                f"and on ({by(c, TARGET)}) {done}{{{sel}}} offset {c.warmup_stall_window}",
+                TARGET_KEY,
+                f"{metrics.WARMUP_STATE.name}{{{sel}}}",
+            ),
             c.warmup_stall_for,
             "warning",
             "A volume warm-up makes no progress.",
@@ -461,7 +618,12 @@ def alerting_rules(c: MixinConfig) -> list[dict[str, Any]]:
         _alert(
             c,
             "VolprobeWarmupFailed",
-            f'{metrics.WARMUP_STATE.name}{{{sel}, state="failed"}} == 1',
+            with_claim(
+                c,
+                f'{metrics.WARMUP_STATE.name}{{{sel}, state="failed"}} == 1',
+                TARGET_KEY,
+                f"{metrics.WARMUP_STATE.name}{{{sel}}}",
+            ),
             "1m",
             "warning",
             "A volume warm-up failed: the volume is not fully initialized.",

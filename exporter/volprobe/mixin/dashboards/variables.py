@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import dashboard
 from grafana_foundation_sdk.cog.builder import Builder
-from grafana_foundation_sdk.models.dashboard import VariableModel, VariableRefresh
+from grafana_foundation_sdk.models.dashboard import VariableHide, VariableModel, VariableRefresh
 
 from ... import metrics
 from .. import MixinConfig
@@ -54,15 +54,16 @@ class Scope:
 
     @property
     def selected_targets(self) -> str:
-        """The targets the namespace and pvc variables select (All is .*): those whose claim matches, from the
-        recorded join with kube-state-metrics; and, while both are All, every other target too (a disk no claim
-        is on). That second term asks whether "" matches both regexes, through two labels volprobe_target_info
-        never has: a matcher on a missing label compares ""."""
+        """The targets the namespace, storageclass and pvc variables select (All is .*): those whose claim
+        matches, from the recorded join with kube-state-metrics; and, while all three are All, every other target
+        too (a disk no claim is on). That second term asks whether "" matches the three regexes, through labels
+        volprobe_target_info never has: a matcher on a missing label compares ""."""
         by = self.by("job, instance, target")
+        claim = 'storageclass=~"$storageclass", persistentvolumeclaim=~"$pvc"'
         return (
-            f'(max by ({by}) ({TARGET_PVC}{{{self.base}, namespace=~"$namespace", persistentvolumeclaim=~"$pvc"}})'
+            f'(max by ({by}) ({TARGET_PVC}{{{self.base}, namespace=~"$namespace", {claim}}})'
             f" or max by ({by}) "
-            f'({TARGET_INFO}{{{self.base}, claim_namespace=~"$namespace", persistentvolumeclaim=~"$pvc"}}))'
+            f'({TARGET_INFO}{{{self.base}, claim_namespace=~"$namespace", {claim}}}))'
         )
 
     def selected(self, expr: str) -> str:
@@ -137,8 +138,8 @@ def target_variable(name: str, label: str, where: str) -> dashboard.QueryVariabl
 
 
 def claim_variables(scope: Scope) -> list[dashboard.QueryVariable]:
-    """namespace and pvc, from the recorded join (rules.target_pvc_rule); All (.*) also keeps the targets no
-    claim is on (Scope.selected_targets)."""
+    """namespace, storageclass and pvc (each narrowed by those before it), from the recorded join
+    (rules.target_pvc_rule); All (.*) also keeps the targets no claim is on (Scope.selected_targets)."""
     return [
         dashboard.QueryVariable(name)
         .label(label)
@@ -150,9 +151,25 @@ def claim_variables(scope: Scope) -> list[dashboard.QueryVariable]:
         .all_value(".*")
         for name, label, where, source in (
             ("namespace", "namespace", scope.base, "namespace"),
-            ("pvc", "PVC", f'{scope.base}, namespace=~"$namespace"', "persistentvolumeclaim"),
+            ("storageclass", "storage class", f'{scope.base}, namespace=~"$namespace"', "storageclass"),
+            (
+                "pvc",
+                "PVC",
+                f'{scope.base}, namespace=~"$namespace", storageclass=~"$storageclass"',
+                "persistentvolumeclaim",
+            ),
         )
     ]
+
+
+def host_variable(scope: Scope) -> dashboard.QueryVariable:
+    """The host of the instance picked (hidden): $instance without its :port, which node_exporter's series are
+    selected by (diskstats: node_exporter; rules.HOST_OF_INSTANCE matches them so in the rules)."""
+    return (
+        query_variable("host", "host", f"label_values({BUILD_INFO}{{{scope.base}}}, instance)")
+        .regex("/^(.+?)(?::[0-9]+)?$/")
+        .hide(VariableHide.HIDE_VARIABLE)
+    )
 
 
 def selected_target_variable(scope: Scope) -> dashboard.QueryVariable:

@@ -3,7 +3,7 @@ device's own), its disk's I/O against the throttle ceiling and the provisioned l
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from grafana_foundation_sdk.builders import common, dashboard, prometheus
 from grafana_foundation_sdk.cog.builder import Builder
@@ -12,20 +12,20 @@ from grafana_foundation_sdk.models.dashboard import DashboardLinkType, Panel, Th
 
 from ... import metrics, ops, units
 from .. import MixinConfig
+from ..rules import node_disk
 from .panels import LATENCY, Layout, latency_heatmap, new_dashboard, quantile, query, series
 from .variables import (
     TARGET_INFO,
     Scope,
     claim_variables,
+    host_variable,
+    matchers,
     query_variable,
     selected_target_variable,
     with_variables,
 )
 
 RECENT = metrics.PROBE_LATENCY_RECENT.name  # a summary: its quantiles are the family name itself
-DISK_READS, DISK_WRITES = metrics.DISK_READS.spec.total, metrics.DISK_WRITES.spec.total
-READ_BYTES, WRITTEN_BYTES = metrics.DISK_READ_BYTES.spec.total, metrics.DISK_WRITTEN_BYTES.spec.total
-READ_TIME, WRITE_TIME = metrics.DISK_READ_TIME.spec.total, metrics.DISK_WRITE_TIME.spec.total
 # The probes of the block layer (O_DIRECT reads and writes), which the device's own latency is comparable with;
 # the filesystem's (commit, metadata) have panels of their own (filesystem()).
 BLOCK_OPS = 'op=~"' + "|".join(op.name for op in ops.OPS.values() if not op.buffered) + '"'
@@ -45,13 +45,15 @@ def build(c: MixinConfig) -> dashboard.Dashboard:
         selected_target_variable(scope),
         device_var,
         disk_var,
+        # node_exporter's diskstats are selected by the host of the instance (disk_io): a hidden variable.
+        *((host_variable(scope),) if c.diskstats == "node_exporter" else ()),
         one_instance=True,
     )
     for link in links(c):
         d = d.link(link)
     layout = Layout()
     # The filesystem probes' panels come last, so every panel before them keeps its id and place.
-    panels = (*latency(c, scope, layout), *disk_io(scope, layout), *probe_health(scope, layout))
+    panels = (*latency(c, scope, layout), *disk_io(c, scope, layout), *probe_health(scope, layout))
     for panel in (*panels, *filesystem(c, scope, layout)):
         d = d.with_panel(panel)
     return d
@@ -140,17 +142,29 @@ def latency(c: MixinConfig, scope: Scope, layout: Layout) -> Iterator[Builder[Pa
     )
 
 
-def disk_io(scope: Scope, layout: Layout) -> Iterator[Builder[Panel]]:
+def disk_io(c: MixinConfig, scope: Scope, layout: Layout) -> Iterator[Builder[Panel]]:
     """All I/O of the target's disk (diskstats): against the throttle ceiling and the provisioned limit, the
-    provider's own count of time over its limits, await and queue depth."""
-    target, dev, disk = scope.target, f'{scope.base}, device="$device"', f'{scope.base}, device=~"$disk"'
+    provider's own count of time over its limits, await and queue depth. The diskstats are volprobe's
+    (volprobe_disk_*), or with diskstats: node_exporter, node_exporter's node_disk_* of the same device on the
+    instance's host (the hidden host variable: $instance without its :port)."""
+    target, disk = scope.target, f'{scope.base}, device=~"$disk"'
+    name: Callable[[str], str] = str  # a volprobe_disk_* name as it is
+    dev = f'{scope.base}, device="$device"'
+    if c.diskstats == "node_exporter":
+        name = node_disk
+        dev = matchers(
+            c.node_exporter_selector, f'{scope.cluster}=~"$cluster"', 'instance=~"$host(:[0-9]+)?"', 'device="$device"'
+        )
+    reads, writes = name(metrics.DISK_READS.spec.total), name(metrics.DISK_WRITES.spec.total)
+    read_bytes, written_bytes = name(metrics.DISK_READ_BYTES.spec.total), name(metrics.DISK_WRITTEN_BYTES.spec.total)
+    read_time, write_time = name(metrics.DISK_READ_TIME.spec.total), name(metrics.DISK_WRITE_TIME.spec.total)
     yield series(
         layout,
         "IOPS, with the throttle ceiling and the provisioned limit",
         "iops",
         [
-            query("A", f"rate({DISK_READS}{{{dev}}}[$__rate_interval])", "reads {{device}}"),
-            query("B", f"rate({DISK_WRITES}{{{dev}}}[$__rate_interval])", "writes {{device}}"),
+            query("A", f"rate({reads}{{{dev}}}[$__rate_interval])", "reads {{device}}"),
+            query("B", f"rate({writes}{{{dev}}}[$__rate_interval])", "writes {{device}}"),
             query("C", f"{metrics.THROTTLE_CEILING_OPS.name}{{{disk}}}", "ceiling {{dir}} {{device}}"),
             query("D", f"{metrics.LIMIT_OPS.name}{{{target}}}", "limit"),
         ],
@@ -162,8 +176,8 @@ def disk_io(scope: Scope, layout: Layout) -> Iterator[Builder[Panel]]:
         "Throughput, with the throttle ceiling and the provisioned limit",
         "Bps",
         [
-            query("A", f"rate({READ_BYTES}{{{dev}}}[$__rate_interval])", "read {{device}}"),
-            query("B", f"rate({WRITTEN_BYTES}{{{dev}}}[$__rate_interval])", "written {{device}}"),
+            query("A", f"rate({read_bytes}{{{dev}}}[$__rate_interval])", "read {{device}}"),
+            query("B", f"rate({written_bytes}{{{dev}}}[$__rate_interval])", "written {{device}}"),
             query("C", f"{metrics.THROTTLE_CEILING_BYTES.name}{{{disk}}}", "ceiling {{dir}} {{device}}"),
             query("D", f"{metrics.LIMIT_BYTES.name}{{{target}}}", "limit"),
         ],
@@ -191,12 +205,12 @@ def disk_io(scope: Scope, layout: Layout) -> Iterator[Builder[Panel]]:
         [
             query(
                 "A",
-                f"rate({READ_TIME}{{{dev}}}[$__rate_interval]) / rate({DISK_READS}{{{dev}}}[$__rate_interval])",
+                f"rate({read_time}{{{dev}}}[$__rate_interval]) / rate({reads}{{{dev}}}[$__rate_interval])",
                 ops.READ.name,
             ),
             query(
                 "B",
-                f"rate({WRITE_TIME}{{{dev}}}[$__rate_interval]) / rate({DISK_WRITES}{{{dev}}}[$__rate_interval])",
+                f"rate({write_time}{{{dev}}}[$__rate_interval]) / rate({writes}{{{dev}}}[$__rate_interval])",
                 ops.WRITE.name,
             ),
         ],
@@ -207,8 +221,8 @@ def disk_io(scope: Scope, layout: Layout) -> Iterator[Builder[Panel]]:
         "Queue depth",
         "short",
         [
-            query("A", f"rate({metrics.DISK_IO_TIME_WEIGHTED.spec.total}{{{dev}}}[$__rate_interval])", "average"),
-            query("B", f"{metrics.DISK_IO_NOW.spec.name}{{{dev}}}", "in flight at scrape"),
+            query("A", f"rate({name(metrics.DISK_IO_TIME_WEIGHTED.spec.total)}{{{dev}}}[$__rate_interval])", "average"),
+            query("B", f"{name(metrics.DISK_IO_NOW.spec.name)}{{{dev}}}", "in flight at scrape"),
         ],
         description="Requests in flight: the average (weighted I/O time) and the count at each scrape. A cap shows "
         "as a queue that grows while the IOPS stay flat.",
