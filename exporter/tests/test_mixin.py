@@ -502,7 +502,7 @@ def test_every_metric_name_in_dashboards_rules_tests_and_runbook_is_declared():
 
 # Labels added to a metric after its first release: an input series without them stands for an older exporter,
 # whose series the rules must keep serving (metric names and labels are a public contract).
-ADDED_LABELS = {"volprobe_throttle_active": {"source"}}
+ADDED_LABELS = {"volprobe_throttle_active": {"source"}, "volprobe_target_info": {"driver"}}
 # Labels the scrape adds, not the exporter: cluster (Prometheus's, where it adds one), and the exporter pod's
 # own namespace, pod, service, endpoint and node that a ServiceMonitor adds (deploy/kubernetes/base): the rules
 # must not take the exporter's namespace for a volume's (kube_pvc_test.yml).

@@ -219,6 +219,28 @@ class DiscoveryConfig:
 
 
 @dataclass(frozen=True)
+class KubernetesConfig:
+    """`kubernetes`: the pod volumes the node's kubelet mounted (volprobe.kubelet), followed as they come and go.
+    A block-backed one is its disk's (discovery's reads, with its pv); a network or FUSE filesystem gets the mount
+    check alone, which holds nothing open between checks. Nothing is written into a pod volume."""
+
+    enabled: bool | None = setting(
+        None, schema.BOOLEAN, "follow the pod volumes", shown="true while kubelet_directory exists"
+    )
+    kubelet_directory: str = setting(
+        "/var/lib/kubelet",
+        schema.ABSOLUTE_PATH,
+        "the kubelet's root directory, as the node's mount table names it (mount it at that path in a container)",
+    )
+    rescan_interval: float | None = setting(
+        None,
+        schema.POSITIVE_DURATION,
+        "how often the mount table is read for pod volumes that came or went",
+        shown="discovery.rescan_interval (5s)",
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     defaults: Defaults = section(Defaults, "settings of the whole file, defaults of every probe and target")
     targets: tuple[TargetConfig, ...] = section(
@@ -230,11 +252,19 @@ class Config:
     throttle: ThrottleConfig = section(ThrottleConfig, "throttling plateau detection")
     mount_check: MountCheckConfig = section(MountCheckConfig, "directory targets: does their mount answer")
     discovery: DiscoveryConfig | None = section(DiscoveryConfig, "probe the devices found, as they come", default=None)
+    kubernetes: KubernetesConfig = section(KubernetesConfig, "pod volumes: labels and mount checks, no writes")
     state_directory: str | None = setting(None, schema.ABSOLUTE_PATH, "where offsets and warm-ups are remembered")
     window: float = Defaults.window  # defaults.window, defaults.buckets, defaults.histogram_by_touch
     buckets: tuple[float, ...] = Defaults.buckets
     histogram_by_touch: bool = Defaults.histogram_by_touch
     source: str = "<default>"
+
+    @property
+    def pod_volume_interval(self) -> float:
+        """How often pod volumes are looked for: kubernetes.rescan_interval, else discovery's."""
+        if self.kubernetes.rescan_interval is not None:
+            return self.kubernetes.rescan_interval
+        return (self.discovery or DiscoveryConfig()).rescan_interval
 
     @property
     def builtin(self) -> bool:
@@ -424,6 +454,7 @@ def parse(document: Any, source: str = "<config>") -> Config:
         throttle=_throttle(check, top.get("throttle")),
         mount_check=_mount_check(check, top.get("mount_check")),
         discovery=_discovery(check, top["discovery"], defaults) if "discovery" in top else None,
+        kubernetes=check.build(KubernetesConfig, top.get("kubernetes"), "kubernetes"),
         window=window,
         buckets=defaults.buckets,
         histogram_by_touch=defaults.histogram_by_touch,

@@ -253,7 +253,8 @@ TARGET_INFO = MetricSpec(
     "volprobe_target_info",
     "gauge",
     "Identity of a probed target and its block device (pv and pod_uid: the Kubernetes volume its path is in, "
-    "else one that kubelet mounts from its device).",
+    "else one that kubelet mounts from its device; driver: that volume's CSI driver, from its vol_data.json, or "
+    "in-tree plugin).",
     (
         "target",
         "device",
@@ -269,6 +270,7 @@ TARGET_INFO = MetricSpec(
         "disks",
         "pv",
         "pod_uid",
+        "driver",
     ),
 )
 TARGET_DISK_INFO = MetricSpec(
@@ -293,6 +295,14 @@ MOUNT_LAST_RESPONSE_TIME = MetricSpec(
     "volprobe_mount_last_response_timestamp_seconds",
     "gauge",
     "Unix time of a directory target's mount's last answer to a mount check; 0 if it never answered.",
+    TARGET,
+)
+MOUNT_CHECK_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
+MOUNT_CHECK_SECONDS = MetricSpec(
+    "volprobe_mount_check_duration_seconds",
+    "histogram",
+    "How long a directory target's mount took to answer each mount check (statfs and a stat; errors too), once it "
+    "answered: a hung check counts when it returns, volprobe_mount_responsive says so meanwhile.",
     TARGET,
 )
 LIMIT_OPS = MetricSpec(

@@ -168,3 +168,17 @@ def is_directory(path: str, timeout: float = CLASSIFY_TIMEOUT_S) -> bool:
         log.warning("%s: %s: a directory on a broken mount, probed once it answers", path, os.strerror(err.errno or 0))
         return True
     return stat.S_ISDIR(mode)
+
+
+def answer_mount(path: str, major: int, minor: int) -> None:
+    """What a mount check asks of a mount it holds nothing of (a pod volume: the kubelet must be able to unmount
+    it at any time): the directory opened (O_NOFOLLOW), checked on the descriptor to be that mount's (its device
+    number; a path the volume was unmounted from shows the filesystem beneath), its fstatvfs, and closed again."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if (os.major(st.st_dev), os.minor(st.st_dev)) != (major, minor):
+            raise OSError(errno.ENODEV, f"no longer the mount of {major}:{minor}", path)
+        os.fstatvfs(fd)
+    finally:
+        os.close(fd)

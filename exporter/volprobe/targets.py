@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from . import metadata, mountcheck, ops, probefile, safety
 from .config import PROBE_FILE_NAME, Config, ConfigError, ProbeConfig, TargetConfig, default_probes
 from .discovery import SKIP_BY_DEFAULT, BlockDevice, Host, Mount
+from .kubelet import PodVolume
 from .logs import fields
 from .probe import IOTarget
 from .safety import Refused
@@ -58,6 +59,8 @@ class ResolvedTarget:
     host: Host | None = None  # where its device is looked up again at each raw reopen
     reads_probe_file: bool = False  # a directory target whose device cannot be opened (or has none): the file
     pending: str = ""  # why a directory could not be resolved yet (its mount did not answer): probed once it does
+    # A pod volume followed by runtime.pods (kubernetes:): checked by path, holding nothing between checks.
+    pod_volume: PodVolume | None = None
 
     def open_raw(self, flags: int) -> int:
         """Open the device for raw writes (probes or a write warm-up): see open_raw_exclusive()."""

@@ -105,6 +105,9 @@ class MountReading:
     device: str
     responsive: bool
     last_response_time: float  # Unix time; 0 if it never answered
+    # How long its checks took: cumulative counts at each of metrics.MOUNT_CHECK_BUCKETS, then of all; their sum.
+    check_counts: tuple[int, ...] = ()
+    check_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +141,11 @@ class RuntimeView(Protocol):
 
     def kubernetes_volumes(self, devices: Sequence[BlockDevice]) -> Mapping[str, set[tuple[str, str]]]:
         """{device name: {(pv, pod_uid)}} of kubelet's mounts of the devices."""
+        ...
+
+    def pod_volume_drivers(self) -> Mapping[tuple[str, str], str]:
+        """{(pv, pod_uid): CSI driver or in-tree plugin} of the pod volumes mounted at the last rescan (kubernetes:),
+        (pv, "") too for each pv; empty while pod volumes are not followed."""
         ...
 
     def disk_stats(self) -> Mapping[str, DiskStats]:

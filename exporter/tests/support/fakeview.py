@@ -51,6 +51,7 @@ class FakeView:
     warmups: Sequence[WarmupReading] = ()
     volumes: Mapping[str, VolumeReading] = field(default_factory=dict)
     mounts: Sequence[MountReading] = ()
+    drivers: Mapping[tuple[str, str], str] = field(default_factory=dict)
 
     def build_info(self) -> BuildInfo:
         return self.build
@@ -78,6 +79,9 @@ class FakeView:
 
     def kubernetes_volumes(self, devices: Sequence[BlockDevice]) -> Mapping[str, set[tuple[str, str]]]:
         return self.kubelet(devices)
+
+    def pod_volume_drivers(self) -> Mapping[tuple[str, str], str]:
+        return self.drivers
 
     def disk_stats(self) -> Mapping[str, diskstats.DiskStats]:
         return self.disks
@@ -218,7 +222,10 @@ def golden_view() -> FakeView:
         TargetReading(local, mount.mount_point, PART, mount, (LOCAL.name,), Limits()),
         TargetReading("shared", "/mnt/shared", None, Mount(0, 53, "/mnt/shared", "nfs4", "nas:/export"), (), Limits()),
     ]
-    mounts = [MountReading(local, PART.name, True, 1700000090.0), MountReading("shared", "", False, 1700000030.0)]
+    mounts = [
+        MountReading(local, PART.name, True, 1700000090.0, (3, 9, 12, 12, 12, 12, 12, 12, 12, 12, 12, 12), 0.0041),
+        MountReading("shared", "", False, 1700000030.0),
+    ]
     throttle = {
         DISK.name: DiskThrottle(
             plateaus={"read": Plateau("iops", 3000.0, 12288000.0, 1.0, 0.00033)},
@@ -259,4 +266,5 @@ def golden_view() -> FakeView:
         warmups=warmups,
         volumes=volumes,
         mounts=mounts,
+        drivers={("pvc-42", pod): "ebs.csi.aws.com", ("pvc-42", ""): "ebs.csi.aws.com"},
     )

@@ -28,6 +28,7 @@ class TargetCollector:
         named = {t.name: kubernetes_volume(t.path, t.mount.mount_point if t.mount else "") for t in targets}
         unnamed = [t.device for t in targets if not named[t.name][0] and t.device is not None]
         kubelet = self.view.kubernetes_volumes(unnamed) if unnamed else {}
+        drivers = self.view.pod_volume_drivers()
         for target in targets:
             d = target.device
             mountpoint = target.mount.mount_point if target.mount else ""
@@ -40,8 +41,21 @@ class TargetCollector:
             # ceph, cifs, fuse.sshfs, ...), as /proc/self/mountinfo gives it, says what it is.
             identity = [d.kind, d.serial, d.model, d.vendor, d.wwn, d.volume_id] if d is not None else [""] * 6
             name = d.name if d is not None else ""
+            driver = drivers.get((pv, pod), "") if pv else ""
             info.add_metric(
-                [target.name, name, target.path, *identity, mountpoint, fstype, ",".join(target.disks), pv, pod], 1
+                [
+                    target.name,
+                    name,
+                    target.path,
+                    *identity,
+                    mountpoint,
+                    fstype,
+                    ",".join(target.disks),
+                    pv,
+                    pod,
+                    driver,
+                ],
+                1,
             )
             for disk in target.disks:
                 disks.add_metric([target.name, name, disk], 1)
@@ -50,7 +64,13 @@ class TargetCollector:
                 size.add_metric([d.name], d.size_bytes)
         self._kubelet = chosen
         responsive, answered = metrics.MOUNT_RESPONSIVE.family(), metrics.MOUNT_LAST_RESPONSE_TIME.family()
+        durations = metrics.MOUNT_CHECK_SECONDS.family()
+        bounds = [*(repr(b) for b in metrics.MOUNT_CHECK_BUCKETS), "+Inf"]
         for mount in self.view.mount_readings():
             responsive.add_metric([mount.target, mount.device], 1.0 if mount.responsive else 0.0)
             answered.add_metric([mount.target, mount.device], mount.last_response_time)
-        return [info, disks, size, responsive, answered]
+            counts = mount.check_counts or (0,) * len(bounds)
+            durations.add_metric(
+                [mount.target, mount.device], list(zip(bounds, counts, strict=True)), mount.check_seconds
+            )
+        return [info, disks, size, responsive, answered, durations]

@@ -4,6 +4,7 @@
 - warmups.WarmupManager: the targets' warm-ups;
 - throttle.ThrottleWatch: the throttle detector, fed by the probes, and the probes' back-off;
 - follow.DeviceFollower: devices that come and go under `discovery:`;
+- pods.PodVolumeFollower: the pod volumes the kubelet mounts (`kubernetes:`), their mounts checked;
 - provider.ProviderStats: the provider's own statistics of AWS NVMe devices, read in a thread;
 - reload.plan: what a new configuration keeps, stops and starts.
 
@@ -47,6 +48,7 @@ from . import readings
 from . import reload as reload_plan
 from .follow import DeviceFollower
 from .mounts import MountWatch
+from .pods import PodVolumeFollower
 from .probes import STOP_TIMEOUT_S, ProbeSet, RunningProbe
 from .provider import ProviderStats
 from .throttle import ThrottleWatch
@@ -91,6 +93,7 @@ class Exporter:
             self._warm_discovered,
             capabilities=self.found,
         )
+        self.pods = PodVolumeFollower(host, self.probes, self._lock, self._start_targets, self._stop_targets)
         self.checks = mountcheck.Checks()  # calls into directories that may hang, one at a time per directory
         self.mounts = MountWatch(self.probes, self.checks, self._resume)
         self.last_reload_successful = True
@@ -105,6 +108,7 @@ class Exporter:
             self._start_targets(resolved)
             self.throttle.apply(self.config.throttle)
             self.follower.apply(self.config)
+            self.pods.apply(self.config)
             self.mounts.apply(self.config.mount_check)
         self.provider.start()
 
@@ -204,7 +208,7 @@ class Exporter:
         restart_all = ""
         if (config.window, config.buckets) != (old.window, old.buckets):
             restart_all = "defaults.window or defaults.buckets changed: every histogram starts again"
-        running = [t for t in self.probes.targets() if not t.discovered]
+        running = [t for t in self.probes.targets() if not t.discovered and t.pod_volume is None]  # ours to plan
         plan = reload_plan.plan(running, resolved, restart_all)
         # Kept targets whose warm-up settings changed: that warm-up alone restarts, from its checkpoint.
         rewarm = [current for current, reloaded in plan.keep if current.config.warmup != reloaded.config.warmup]
@@ -284,6 +288,7 @@ class Exporter:
         config = change.config
         self.throttle.apply(config.throttle)
         self.follower.apply(config)
+        self.pods.apply(config)
         self.mounts.apply(config.mount_check)
         warm = config.discovery.warmup if config.discovery else None
         again = self.warmups.discovered_spec_changed(warm)
@@ -358,6 +363,9 @@ class Exporter:
     def kubernetes_volumes(self, devices: Sequence[BlockDevice]) -> dict[str, set[tuple[str, str]]]:
         return readings.kubernetes_volumes(self.host, devices)
 
+    def pod_volume_drivers(self) -> dict[tuple[str, str], str]:
+        return self.pods.drivers()
+
     def disk_stats(self) -> dict[str, DiskStats]:
         wanted = None if self.config.diskstats == "all" else self.probed_devices()
         return self._diskstats.read(wanted)
@@ -388,6 +396,7 @@ class Exporter:
             self._lock.release()
         self.mounts.stop()
         self.follower.stop()
+        self.pods.stop()
         self.provider.stop()
         self.throttle.stop()
         self.warmups.stop_all()

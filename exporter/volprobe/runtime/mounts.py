@@ -11,14 +11,16 @@ resolved (`pending`) is handed to `resume` once it answers.
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .. import mountcheck, supervise
+from .. import metrics, mountcheck, supervise
 from ..config import MountCheckConfig
 from ..logs import fields
 from ..targets import ResolvedTarget
@@ -33,6 +35,15 @@ class _Mount:
     answered_at: float = 0.0  # Unix time of the last answer without error; 0: none yet
     failed: str = ""  # the last check's error, "" if it answered
     hung_since: float | None = None  # the outstanding check said hung in the log (once per hang)
+    counts: list[int] = field(default_factory=lambda: [0] * (len(metrics.MOUNT_CHECK_BUCKETS) + 1))  # not cumulative
+    seconds: float = 0.0  # the checks' durations, summed
+
+    def took(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(metrics.MOUNT_CHECK_BUCKETS, seconds)] += 1
+        self.seconds += seconds
+
+    def cumulative(self) -> tuple[int, ...]:
+        return tuple(itertools.accumulate(self.counts))
 
 
 class MountWatch:
@@ -108,27 +119,31 @@ class MountWatch:
         """One mount's check, in its thread: each of its directories asked in turn, each answer recorded. A
         directory that hangs holds the rest, so the whole mount shows hung: one thread a mount is the price. The
         directory asked is the one the target holds; a pending target's, not found yet, by its name."""
-        for path, directory in {t.path: t.probe_dir for t in targets}.items():
+        for path, target in {t.path: t for t in targets}.items():
             error: Exception | None = None
+            started = time.monotonic()
             try:
-                if directory is not None:
-                    directory.answer()
+                if target.pod_volume is not None:  # nothing held: opened, asked and closed again
+                    mountcheck.answer_mount(path, target.pod_volume.mount.major, target.pod_volume.mount.minor)
+                elif target.probe_dir is not None:
+                    target.probe_dir.answer()
                 else:
                     mountcheck.answer(path)
             except Exception as err:  # an answer too: recorded as the directory's failure
                 error = err
-            self._done(path, error)
+            self._done(path, error, time.monotonic() - started)
             self.checks.renew(key)  # the next directory's deadline is its own
 
     def _state(self, path: str) -> _Mount:
         with self._lock:
             return self._mounts.setdefault(path, _Mount())
 
-    def _done(self, path: str, error: BaseException | None) -> None:
+    def _done(self, path: str, error: BaseException | None, seconds: float) -> None:
         with self._lock:
             state = self._mounts.get(path)
             if state is None:
                 return
+            state.took(seconds)
             previous = state.failed
             if error is None:
                 state.answered_at, state.failed = time.time(), ""
@@ -159,9 +174,11 @@ class MountWatch:
                 continue
             with self._lock:
                 state = self._mounts.get(target.path, _Mount())
+                counts, seconds = state.cumulative(), state.seconds
             hung = self._overdue(_key(target), now) is not None
             responsive = bool(state.answered_at) and not state.failed and not hung and not target.pending
-            result.append(MountReading(target.name, target.device_name, responsive, state.answered_at))
+            reading = MountReading(target.name, target.device_name, responsive, state.answered_at, counts, seconds)
+            result.append(reading)
         return result
 
 

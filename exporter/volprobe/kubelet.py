@@ -1,0 +1,172 @@
+"""Pod volumes, as the node's kubelet mounted them: pure parsing of its directory's layout and the mount table.
+
+The kubelet mounts each volume of a pod at `<kubelet directory>/pods/<pod uid>/volumes/<plugin>/<name>`, where
+`<plugin>` is `kubernetes.io~csi` (then the mount is that directory's `mount/`, and `vol_data.json` beside it
+says which CSI driver and volume it is), or an in-tree plugin (`kubernetes.io~nfs`, `kubernetes.io~cephfs`,
+...), whose mount is the directory itself. Only what is mounted counts: the mount table (discovery.Mount, the
+host's mountinfo) says which of those paths are mounts, with their filesystem type, source and device number;
+the directory is never listed, and nothing inside a volume is ever read. vol_data.json is read as bytes, at most
+VOL_DATA_MAX_BYTES, opened with O_NOFOLLOW and checked to be a regular file by fstat: a file that is not what the
+kubelet writes names no driver, and is never an error.
+
+A volume is `block` when a block device backs it (a real device number, or a mount source under /dev for a
+filesystem such as btrfs that reports an anonymous one): its disk is discovery's to probe. It is `filesystem`
+when it is a network or FUSE filesystem (NETWORK_FSTYPES, fuse.*): those get a mount check (runtime.pods).
+Anything else (tmpfs of secrets and projected volumes, overlay) is `virtual`, and left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+
+from .discovery import Mount
+
+DEFAULT_DIRECTORY = "/var/lib/kubelet"
+CSI_PLUGIN = "kubernetes.io~csi"
+VOL_DATA = "vol_data.json"
+VOL_DATA_MAX_BYTES = 64 * 1024  # the kubelet writes a few hundred bytes
+NETWORK_FSTYPES = frozenset({"nfs", "nfs4", "ceph", "cifs", "smb3", "glusterfs", "9p", "lustre", "virtiofs"})
+BLOCK, FILESYSTEM, VIRTUAL = "block", "filesystem", "virtual"
+
+_POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_PLUGIN = re.compile(r"[a-z0-9.-]+~[a-z0-9.-]+")
+
+
+@dataclass(frozen=True)
+class CsiData:
+    """What vol_data.json says (empty strings where it says nothing usable)."""
+
+    driver: str = ""
+    volume_handle: str = ""
+    spec_volume_id: str = ""
+    attachment_id: str = ""
+    node_name: str = ""
+    lifecycle_mode: str = ""
+
+
+@dataclass(frozen=True)
+class PodVolume:
+    pod_uid: str
+    plugin: str  # kubernetes.io~csi, kubernetes.io~nfs, ...
+    name: str  # the volume's directory: the PV's name for a claim's volume, else the pod's volume name
+    path: str  # the mount point
+    mount: Mount
+    csi: CsiData
+
+    @property
+    def pv(self) -> str:
+        """The PersistentVolume: vol_data.json's specVolID for CSI, else the directory's name."""
+        return self.csi.spec_volume_id or self.name
+
+    @property
+    def driver(self) -> str:
+        """The CSI driver, or the in-tree plugin's name (kubernetes.io/nfs)."""
+        return self.csi.driver if self.plugin == CSI_PLUGIN else self.plugin.replace("~", "/")
+
+    @property
+    def backing(self) -> str:
+        return backing(self.mount)
+
+    @property
+    def key(self) -> tuple[str, int, int, str, str]:
+        """What makes it the same mount from one scan to the next: a volume mounted again is another."""
+        return (self.path, self.mount.major, self.mount.minor, self.mount.fstype, self.mount.source)
+
+
+def backing(mount: Mount) -> str:
+    """block, filesystem (network or FUSE) or virtual (see the module's doc)."""
+    if mount.fstype in NETWORK_FSTYPES or mount.fstype == "fuse" or mount.fstype.startswith("fuse."):
+        return FILESYSTEM  # fuseblk (ntfs-3g, say) has a block device
+    if mount.major != 0 or mount.source.startswith("/dev/"):
+        return BLOCK
+    return VIRTUAL
+
+
+def _text(value: object, limit: int = 1024) -> str:
+    """A vol_data.json field as a label may carry it: a string of printable characters, bounded; else ""."""
+    if not isinstance(value, str) or len(value) > limit or not value.isprintable():
+        return ""
+    return value
+
+
+def parse_vol_data(raw: bytes) -> CsiData:
+    """vol_data.json's fields; CsiData() for anything that is not a JSON object in UTF-8."""
+    if len(raw) > VOL_DATA_MAX_BYTES:
+        return CsiData()
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return CsiData()
+    if not isinstance(data, dict):
+        return CsiData()
+    return CsiData(
+        driver=_text(data.get("driverName")),
+        volume_handle=_text(data.get("volumeHandle")),
+        spec_volume_id=_text(data.get("specVolID")),
+        attachment_id=_text(data.get("attachmentID")),
+        node_name=_text(data.get("nodeName")),
+        lifecycle_mode=_text(data.get("volumeLifecycleMode")),
+    )
+
+
+def read_vol_data(path: str) -> CsiData:
+    """vol_data.json at `path`: opened without following a symlink (nor blocking on a FIFO), a regular file by
+    fstat, at most VOL_DATA_MAX_BYTES read; CsiData() if any of it fails."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return CsiData()
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return CsiData()
+        chunks, size = [], 0
+        while size <= VOL_DATA_MAX_BYTES and (chunk := os.read(fd, VOL_DATA_MAX_BYTES + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+        return parse_vol_data(b"".join(chunks))
+    except OSError:
+        return CsiData()
+    finally:
+        os.close(fd)
+
+
+def split(directory: str, mount_point: str) -> tuple[str, str, str] | None:
+    """(pod uid, plugin, volume name) of a pod volume's mount point under the kubelet `directory`, else None."""
+    prefix = directory.rstrip("/") + "/pods/"
+    if not mount_point.startswith(prefix):
+        return None
+    parts = mount_point[len(prefix) :].split("/")
+    if len(parts) < 4 or parts[1] != "volumes" or not _POD_UID.fullmatch(parts[0]) or not _PLUGIN.fullmatch(parts[2]):
+        return None
+    pod, plugin, name, rest = parts[0], parts[2], parts[3], parts[4:]
+    if not name or name in (".", ".."):
+        return None
+    if rest != (["mount"] if plugin == CSI_PLUGIN else []):
+        return None
+    return pod, plugin, name
+
+
+def pod_volumes(directory: str, mounts: list[Mount], read: bool = True) -> list[PodVolume]:
+    """The mounted pod volumes under the kubelet `directory`, by mount point (the mount on top where several
+    are stacked: mountinfo lists them in the order they were made). With `read`, each CSI volume's vol_data.json
+    is read (its directory is on the kubelet's filesystem, beside the mount, never in it)."""
+    found: dict[str, PodVolume] = {}
+    for mount in mounts:
+        parts = split(directory, mount.mount_point)
+        if parts is None:
+            continue
+        pod, plugin, name = parts
+        csi = CsiData()
+        if read and plugin == CSI_PLUGIN:
+            csi = read_vol_data(os.path.join(os.path.dirname(mount.mount_point), VOL_DATA))
+        found[mount.mount_point] = PodVolume(pod, plugin, name, mount.mount_point, mount, csi)
+    return sorted(found.values(), key=lambda v: v.path)
+
+
+def enabled(setting: bool | None, directory: str) -> bool:
+    """`kubernetes.enabled`: as set, or (unset) whether the kubelet directory exists."""
+    return setting if setting is not None else os.path.isdir(directory)
