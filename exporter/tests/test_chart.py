@@ -281,6 +281,40 @@ def test_every_option_reaches_the_objects(helm):
         assert dashboard["metadata"]["annotations"] == {"grafana_folder": "Storage"}
 
 
+def test_the_kubelets_directory_is_mounted_where_the_node_has_it_and_volprobe_looks_there(helm):
+    """kubeletDirectory: mounted read-only at the node's own path, HostToContainer (the pod volumes' mounts come
+    and go with the kubelet's); elsewhere than /var/lib/kubelet, config.kubernetes.kubelet_directory follows it,
+    unless config names one; "" mounts nothing."""
+
+    def rendered(*sets: str) -> tuple[dict | None, dict | None, dict]:
+        objects = template(helm, sets=sets)
+        mounts = {m["name"]: m for m in container(objects)["volumeMounts"]}
+        volumes = {v["name"]: v for v in daemonset_pod(objects)["spec"]["volumes"]}
+        return mounts.get("kubelet"), volumes.get("kubelet"), yaml.safe_load(volprobe_yml(objects))
+
+    mount, volume, config = rendered()
+    assert mount == {
+        "name": "kubelet",
+        "mountPath": "/var/lib/kubelet",
+        "readOnly": True,
+        "mountPropagation": "HostToContainer",
+    }
+    assert volume == {"name": "kubelet", "hostPath": {"path": "/var/lib/kubelet", "type": "Directory"}}
+    assert "kubernetes" not in config  # volprobe's default is /var/lib/kubelet
+    mount, volume, config = rendered("kubeletDirectory=/var/lib/k0s/kubelet")
+    assert mount is not None and volume is not None
+    assert mount["mountPath"] == volume["hostPath"]["path"] == "/var/lib/k0s/kubelet"
+    assert config["kubernetes"] == {"kubelet_directory": "/var/lib/k0s/kubelet"}
+    _, _, config = rendered(
+        "kubeletDirectory=/var/lib/k0s/kubelet",
+        "config.kubernetes.kubelet_directory=/srv/kubelet",
+        "config.kubernetes.rescan_interval=10s",
+    )
+    assert config["kubernetes"] == {"kubelet_directory": "/srv/kubelet", "rescan_interval": "10s"}
+    mount, volume, _ = rendered("kubeletDirectory=")
+    assert mount is None and volume is None
+
+
 def test_the_monitors_set_instance_to_the_node_and_select_the_pods(helm):
     objects = template(helm, sets=("podMonitor.enabled=true",))
     pod_labels = daemonset_pod(objects)["metadata"]["labels"]

@@ -243,8 +243,12 @@ def _run_the_charts_pod(conf: Path, tmp_path: Path, helm: str, image: str, name:
     # The node's /var/lib/volprobe is a directory of this test's, which the kubelet's part (prepare) makes, root's
     # 0755 (hostPath DirectoryOrCreate), for the init container to give to nobody. /dev and /proc are the real
     # ones: every container mounts them read-only (checked here), the loop device is opened through /dev.
+    # The node's kubelet directory is an empty one of the test's (a node without pods): the chart mounts it
+    # read-only with HostToContainer propagation, and volprobe finds no pod volume in the mount table there.
     state = tmp_path / "node" / "var-lib-volprobe"
-    host_paths = {"/var/lib/volprobe": state, "/dev": Path("/dev"), "/proc": Path("/proc")}
+    kubelet = tmp_path / "node" / "var-lib-kubelet"
+    kubelet.mkdir(parents=True)
+    host_paths = {"/var/lib/volprobe": state, "/var/lib/kubelet": kubelet, "/dev": Path("/dev"), "/proc": Path("/proc")}
     real = {
         volume["name"]
         for volume in pod["spec"]["volumes"]
