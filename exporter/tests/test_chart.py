@@ -337,11 +337,40 @@ def test_aws_nvme_stats_is_the_kustomize_components_patch(helm):
     component = yaml.safe_load((REPO / "deploy/kubernetes/components/aws-nvme-stats/kustomization.yaml").read_text())
     (patch,) = component["patches"]
     prefix = "/spec/template/spec/containers/0/securityContext/"
-    patched = {op["path"].removeprefix(prefix): op["value"] for op in yaml.safe_load(patch["patch"])}
-    context = container(template(helm, sets=("awsNvmeStats=true",)))["securityContext"]
+    ops = {op["path"]: op["value"] for op in yaml.safe_load(patch["patch"])}
+    patched = {path.removeprefix(prefix): value for path, value in ops.items() if path.startswith(prefix)}
+    objects = template(helm, sets=("awsNvmeStats=true",))
+    context = container(objects)["securityContext"]
     assert {key: context[key] for key in patched} == patched
+    # The state directory is root's too: root without CAP_DAC_OVERRIDE may not write in 65534's.
+    (init,) = daemonset_pod(objects)["spec"]["initContainers"]
+    assert (
+        ops.pop("/spec/template/spec/initContainers/0/command")
+        == init["command"]
+        == [
+            "chown",
+            "-h",
+            "0:65534",
+            "/var/lib/volprobe",
+        ]
+    )
+    assert len(ops) == len(patched)
     assert context["readOnlyRootFilesystem"] is True
     assert "runAsUser" not in container(template(helm))["securityContext"]
+
+
+def test_a_pod_volume_rule_runs_the_container_as_the_aws_nvme_stats_one(helm, tmp_path):
+    """kubernetes.rules write into pod volumes, root's, through private copies of their mounts (CAP_SYS_ADMIN):
+    the container then runs as root with SYS_ADMIN alone, as with awsNvmeStats; without a rule, as before."""
+    values = tmp_path / "rules.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {"config": {"kubernetes": {"rules": [{"driver": "efs.csi.aws.com", "probes": [{"op": "write"}]}]}}}
+        )
+    )
+    context = container(template(helm, values))["securityContext"]
+    assert context == container(template(helm, sets=("awsNvmeStats=true",)))["securityContext"]
+    assert (context["runAsUser"], context["capabilities"]["add"]) == (0, ["SYS_ADMIN"])
 
 
 def probe_actions(main: dict) -> dict[str, tuple[str, dict]]:

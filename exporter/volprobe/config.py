@@ -8,6 +8,7 @@ size, is it blank) live in targets.py and report with the same key paths.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ WARMUP_POLICIES = ("new", "all")
 DISKSTATS_SCOPES = ("probed", "all")
 NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 PROBE_FILE_NAME = ".volprobe-probe"
+POD_PROBE_FILE_SIZE = 4 * 1024**2  # kubernetes.rules' probe files: small, in someone else's volume
 BUILTIN = "<built-in default>"
 
 
@@ -135,6 +137,9 @@ class TargetConfig:
     )
     limits: Limits = section(Limits, "caps on the probes' own load")
     warmup: WarmupConfig | None = section(WarmupConfig, "read (or write) every block once, then probe", default=None)
+    # False (a pod volume's, runtime.pods): nothing held open between probes, neither its directory nor a probe's
+    # file; each probe opens and checks them on the descriptor, probes, and closes them (probe.ProbeWorker).
+    hold: bool = True
 
     @property
     def path(self) -> str:
@@ -218,11 +223,68 @@ class DiscoveryConfig:
     )
 
 
+def _regex(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{value!r} is not a regular expression (a non-empty string)")
+    try:
+        re.compile(value)
+    except re.error as err:
+        raise ValueError(f"{value!r} is not a regular expression: {err}") from None
+    return value
+
+
+def _glob(value: Any) -> str:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ValueError(f"{value!r} is not a glob of absolute paths (e.g. /var/lib/kubelet/pods/*/volumes/*/pvc-*)")
+    return value
+
+
+def _driver(value: Any) -> str:
+    if not isinstance(value, str) or not value or not value.isprintable():
+        raise ValueError(f"{value!r} is not a driver's name (e.g. efs.csi.aws.com, kubernetes.io/nfs)")
+    return value
+
+
+REGEX = schema.Kind("regular expression", _regex, ("pvc-.*", "pv-db-[0-9]+"), ("pvc-[", "", 5, ["x"]))
+GLOB = schema.Kind("glob of absolute paths", _glob, ("/var/lib/kubelet/pods/*/volumes/*/pvc-*",), ("pods/*", "", 5))
+DRIVER = schema.Kind("string", _driver, ("efs.csi.aws.com", "kubernetes.io/nfs"), ("", 5, True, ["x"]))
+
+
+@dataclass(frozen=True)
+class PodVolumeRule:
+    """One of `kubernetes.rules`: the pod volumes it matches (every criterion written must match; at least one is)
+    may take its probes, writes included, into a probe file of `probe_file_size` in the volume. The first rule that
+    matches a volume is its."""
+
+    driver: str | None = setting(None, DRIVER, "the CSI driver (vol_data.json's driverName) or in-tree plugin, exact")
+    pv: str | None = setting(None, REGEX, "the PersistentVolume's name: a regular expression, matched whole")
+    path: str | None = setting(None, GLOB, "the volume's mount point: a glob (fnmatch: `*` matches `/` too)")
+    probe_file_size: int = setting(
+        POD_PROBE_FILE_SIZE, schema.POSITIVE_SIZE, "size of the probe file written in the volume (and of a commit log)"
+    )
+    probes: tuple[ProbeConfig, ...] = section(
+        ProbeConfig,
+        "the probes of each matching volume; unset: a sync write and a read (commit and metadata: opt-in)",
+        default=(),
+        many=True,
+    )
+    key: str = ""  # where it sits in the config file
+
+    def matches(self, driver: str, pv: str, path: str) -> bool:
+        """Whether a pod volume of that driver, PV name and mount point is this rule's."""
+        return (
+            (self.driver is None or self.driver == driver)
+            and (self.pv is None or re.fullmatch(self.pv, pv) is not None)
+            and (self.path is None or fnmatch.fnmatchcase(path, self.path))
+        )
+
+
 @dataclass(frozen=True)
 class KubernetesConfig:
     """`kubernetes`: the pod volumes the node's kubelet mounted (volprobe.kubelet), followed as they come and go.
     A block-backed one is its disk's (discovery's reads, with its pv); a network or FUSE filesystem gets the mount
-    check alone, which holds nothing open between checks. Nothing is written into a pod volume."""
+    check alone, which holds nothing open between checks. Nothing is written into a pod volume unless one of
+    `rules` matches it: then it takes that rule's probes, holding nothing open between them either."""
 
     enabled: bool | None = setting(
         None, schema.BOOLEAN, "follow the pod volumes", shown="true while kubelet_directory exists"
@@ -238,6 +300,16 @@ class KubernetesConfig:
         "how often the mount table is read for pod volumes that came or went",
         shown="discovery.rescan_interval (5s)",
     )
+    rules: tuple[PodVolumeRule, ...] = section(
+        PodVolumeRule,
+        "the pod volumes that may take probes, writes included (none unless a rule says so)",
+        default=(),
+        many=True,
+    )
+
+    def rule_for(self, driver: str, pv: str, path: str) -> PodVolumeRule | None:
+        """The first rule matching a pod volume, or None: the volume is then only checked, never written."""
+        return next((rule for rule in self.rules if rule.matches(driver, pv, path)), None)
 
 
 @dataclass(frozen=True)
@@ -252,7 +324,9 @@ class Config:
     throttle: ThrottleConfig = section(ThrottleConfig, "throttling plateau detection")
     mount_check: MountCheckConfig = section(MountCheckConfig, "directory targets: does their mount answer")
     discovery: DiscoveryConfig | None = section(DiscoveryConfig, "probe the devices found, as they come", default=None)
-    kubernetes: KubernetesConfig = section(KubernetesConfig, "pod volumes: labels and mount checks, no writes")
+    kubernetes: KubernetesConfig = section(
+        KubernetesConfig, "pod volumes: labels and mount checks; probes, writes included, only where a rule says"
+    )
     state_directory: str | None = setting(None, schema.ABSOLUTE_PATH, "where offsets and warm-ups are remembered")
     window: float = Defaults.window  # defaults.window, defaults.buckets, defaults.histogram_by_touch
     buckets: tuple[float, ...] = Defaults.buckets
@@ -382,6 +456,42 @@ def _target(check: Walker, raw: Any, key: str, defaults: Defaults) -> TargetConf
     return target
 
 
+def _rule(check: Walker, raw: Any, key: str, defaults: Defaults) -> PodVolumeRule | None:
+    """One of kubernetes.rules: its probes checked as a directory target's are (probe._probes), against its probe
+    file's size."""
+    if not isinstance(raw, Mapping):
+        check.fail(key, f"must be a mapping, got {type(raw).__name__}")
+        return None
+    values, data = check.read(PodVolumeRule, raw, key)
+    if not any(data.get(name) is not None for name in ("driver", "pv", "path")):
+        check.fail(key, "matches every pod volume: name a driver, pv or path")
+    if "probes" in data and data["probes"] is not None:
+        probes = _probes(check, data["probes"], _join(key, "probes"), defaults)
+    else:
+        probes = default_probes("directory", defaults, _join(key, "probes"))
+    size = values.get("probe_file_size", POD_PROBE_FILE_SIZE)
+    for probe in probes:
+        if probe.kind.writes and probe.kind.offsets != "none" and probe.block_size > size // 2:
+            check.fail(_join(probe.key, "block_size"), f"{probe.block_size} leaves no room in a {size}-byte probe file")
+        if probe.interval * 2 > defaults.window:
+            check.fail("defaults.window", f"{defaults.window}s holds fewer than two probes of {probe.key}")
+    return PodVolumeRule(probes=probes, key=key, **values)
+
+
+def _kubernetes(check: Walker, raw: Any, defaults: Defaults) -> KubernetesConfig:
+    values, data = check.read(KubernetesConfig, raw, "kubernetes")
+    rules: list[PodVolumeRule] = []
+    if data.get("rules") is not None:
+        if not isinstance(data["rules"], list):
+            check.fail("kubernetes.rules", f"must be a list, got {type(data['rules']).__name__}")
+        else:
+            for index, item in enumerate(data["rules"]):
+                rule = _rule(check, item, f"kubernetes.rules[{index}]", defaults)
+                if rule is not None:
+                    rules.append(rule)
+    return KubernetesConfig(rules=tuple(rules), **values)
+
+
 def _throttle(check: Walker, raw: Any) -> ThrottleConfig:
     result = check.build(ThrottleConfig, raw, "throttle")
     if result.backoff < 1:
@@ -454,7 +564,7 @@ def parse(document: Any, source: str = "<config>") -> Config:
         throttle=_throttle(check, top.get("throttle")),
         mount_check=_mount_check(check, top.get("mount_check")),
         discovery=_discovery(check, top["discovery"], defaults) if "discovery" in top else None,
-        kubernetes=check.build(KubernetesConfig, top.get("kubernetes"), "kubernetes"),
+        kubernetes=_kubernetes(check, top.get("kubernetes"), defaults),
         window=window,
         buckets=defaults.buckets,
         histogram_by_touch=defaults.histogram_by_touch,

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from . import privatemount
 from .osthread import name_this_thread
 
 T = TypeVar("T")
@@ -172,9 +173,11 @@ def is_directory(path: str, timeout: float = CLASSIFY_TIMEOUT_S) -> bool:
 
 def answer_mount(path: str, major: int, minor: int) -> None:
     """What a mount check asks of a mount it holds nothing of (a pod volume: the kubelet must be able to unmount
-    it at any time): the directory opened (O_NOFOLLOW), checked on the descriptor to be that mount's (its device
-    number; a path the volume was unmounted from shows the filesystem beneath), its fstatvfs, and closed again."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    it at any time): the directory opened (O_NOFOLLOW; through a private copy of the mount where one can be
+    had, volprobe.privatemount, so that a check in flight, even one hung, is not on the kubelet's mount), checked
+    on the descriptor to be that mount's (its device number; a path the volume was unmounted from shows the
+    filesystem beneath), its fstatvfs, and closed again."""
+    fd = privatemount.open_directory(path)
     try:
         st = os.fstat(fd)
         if (os.major(st.st_dev), os.minor(st.st_dev)) != (major, minor):

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 MAX_ERROR_BACKOFF_S = 30.0
 BATCH_S = 30.0  # the C timer returns to Python about this often (and at every failure, stop or slow-down)
 MAX_BATCH = 512
+# A probe that keeps nothing gives its timer one request a run, due at once: an interval it cannot overrun, so
+# that slots are counted missed by its worker's pacer alone.
+UNHELD_TIMER_INTERVAL_NS = 1 << 62
 RECHECK_S = 1.0  # a held write descriptor is checked again (fstat, size) before a batch, at most this often
 # A probe may wake up to 1% of its interval late (at most 10 ms), on the same slot grid: the kernel then serves
 # probes due close together with one wake-up of a CPU, which on an idle VM costs more than the probe itself.
@@ -247,6 +250,9 @@ class IOTarget:
     verify: Callable[[int], None] | None = None  # re-checks a held descriptor (size, links); raises Refused
     release: Callable[[], None] | None = None  # lets go of what the opener holds (a probe file's directory)
     held: bool = False  # the target holds the device open anyway (a raw write probe): reads keep theirs too
+    # False (a pod volume's probe file, targets.TargetConfig.hold): opened through the opener for each probe and
+    # closed after it, never kept between probes (ProbeWorker paces those probes itself).
+    keep: bool = True
 
     def open(self) -> int:
         if self.opener is not None:
@@ -293,9 +299,10 @@ class ProbeIO:
         self.picker = new_picker(spec.kind.offsets, nblocks, spec.revisit, rng, cursor)
         self.buffer = mmap.mmap(-1, block_size)  # anonymous mappings are page aligned, as O_DIRECT needs
         self._inflight = array.array("q", [0])  # start of the request in flight (ns), 0 when none; see scrapes
-        self.timer = timer.new(
-            io.path, io.flags, self.buffer, self._inflight, spec.kind, spec.jitter, rng.getrandbits(64)
-        )
+        # A probe that keeps nothing is paced by its worker, which opens just before the slot: its timer's own
+        # slot is then due at once, without jitter (the worker's pacer has it).
+        jitter = spec.jitter if io.keep else 0.0
+        self.timer = timer.new(io.path, io.flags, self.buffer, self._inflight, spec.kind, jitter, rng.getrandbits(64))
         # Writes keep their descriptor (a raw device's O_EXCL keeps others out while volprobe writes; a probe
         # file is ours). Reads open the device for each request unless told to hold it: holding it open between
         # probes would stop an administrator from detaching a loop device or removing a dm, md or zram device.
@@ -303,7 +310,10 @@ class ProbeIO:
         # the checks, and held: the timer's per-request open goes by name, unchecked. Where the target holds
         # its device anyway (io.held), letting go would free nothing.
         self.hold_open = spec.kind.writes or spec.hold_open or io.opener is not None or io.held
-        if fd is not None and not self.hold_open:
+        # io.keep False: through the opener's checks for each probe, closed after it (ProbeWorker's unheld loop).
+        self.keep = io.keep
+        assert self.keep or io.opener is not None, "a probe that keeps nothing opens through its checks"
+        if fd is not None and (not self.hold_open or not self.keep):
             os.close(fd)
             fd = None
         self.fd = fd
@@ -420,6 +430,7 @@ class ProbeWorker:
         self._slowdown = 1.0
         self._timer_slack_ns = -1  # as last set on the worker's thread (-1: not yet)
         self._batch: list[tuple[int, str]] = []  # the picks the timer is working through
+        self._missed_unheld = 0  # slots a probe that keeps nothing skipped (its worker paces it: _unheld_loop)
         # Read by scrapes; written only by the worker thread.
         self.errors: dict[str, int] = {}
         self.last_error = ""
@@ -449,9 +460,11 @@ class ProbeWorker:
             self.probe.close()
 
     def set_slowdown(self, factor: float) -> None:
-        """Stretch the interval (throttle back-off); 1 restores the configured rate. Applies at once."""
+        """Stretch the interval (throttle back-off); 1 restores the configured rate. Applies at once (a probe that
+        keeps nothing: from its next slot)."""
         self._slowdown = factor
-        self.timer.set_interval(self._interval_ns())
+        if self.probe.keep:
+            self.timer.set_interval(self._interval_ns())
 
     @property
     def completed(self) -> int:
@@ -459,7 +472,7 @@ class ProbeWorker:
 
     @property
     def missed(self) -> int:
-        return self.timer.missed
+        return self.timer.missed + self._missed_unheld
 
     @property
     def zero_reads(self) -> int:
@@ -527,7 +540,10 @@ class ProbeWorker:
 
         def probe_loop() -> None:
             try:
-                self._probe_loop()
+                if self.probe.keep:
+                    self._probe_loop()
+                else:
+                    self._unheld_loop()
             except Exception:
                 # A restart goes on with the same stats, counters and picker, but not with a descriptor the
                 # failed run may have left anywhere: the next run opens it again, through every check.
@@ -607,3 +623,53 @@ class ProbeWorker:
             # Back off, and restart the schedule after it: slots skipped while backing off are not "missed".
             retry_at = clock() + self._backoff_ns(failures)
             self.timer.schedule(retry_at, self._interval_ns())
+
+    def _unheld_loop(self) -> None:
+        """The loop of a probe that keeps nothing open between probes (a pod volume, which the kubelet must be able
+        to unmount at any time): the worker waits for each slot itself, holding nothing, then opens the file
+        through every check (its directory recognised on the descriptor, the file judged on its descriptor and
+        pinned to the one made), has the timer make the one request at once, and closes both before the next
+        wait. One probe a run: Python wakes for each."""
+        clock = time.perf_counter_ns
+        probe = self.probe
+        picker = probe.picker
+        pacer = timer.Pacer(self.spec.jitter, self.rng)
+        pacer.schedule(clock(), self._interval_ns())
+        failures = 0
+        while not self._stopping:
+            interval = self._interval_ns()
+            if interval != pacer.interval_ns:  # a throttle back-off (or its end): from now on
+                pacer.schedule(clock(), interval)
+            wait = pacer.deadline_ns - clock()
+            if wait > 0:
+                self._stop_requested.wait(wait / 1e9)
+                continue
+            try:
+                try:
+                    probe.open_checked()  # fd is None here: opened, recognised and judged now
+                except OSError as err:
+                    failures += 1
+                    self._failed(Outcome(-1, "", error=error_name(err), detail=f"open: {err}"))
+                    pacer.schedule(clock() + self._backoff_ns(failures), interval)
+                    continue
+                batch = [picker.next()]
+                self.drain()
+                with self._lock:
+                    self._batch = batch
+                self.timer.schedule(clock(), UNHELD_TIMER_INTERVAL_NS)  # due now: the slot was waited for above
+                done, ended, failure = probe.run(batch)
+                self.drain()
+            finally:
+                probe.close()  # the file; the directory was let go of as soon as the file was open
+            self._missed_unheld += pacer.advance(clock())
+            if done:
+                failures = 0
+            if ended == Status.DONE:
+                continue
+            if ended == Status.STOPPED:
+                picker.put_back(batch[done:])
+                break
+            assert failure is not None
+            failures += 1
+            self._failed(failure)
+            pacer.schedule(clock() + self._backoff_ns(failures), interval)

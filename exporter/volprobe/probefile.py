@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from . import privatemount
 from .safety import Refused
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,11 @@ class ProbeDirectory:
     in use to its last user to close, so a thread that lets go never closes it under another (whose open at
     that number could otherwise land in whatever the number is reused for)."""
 
-    def __init__(self, path: str, identity: DirectoryIdentity | None = None) -> None:
-        """Resolve `path` (once) and fix its identity; with `identity`, a directory resolved before (again())."""
+    def __init__(self, path: str, identity: DirectoryIdentity | None = None, keep: bool = True) -> None:
+        """Resolve `path` (once) and fix its identity; with `identity`, a directory resolved before (again()).
+        keep=False (a pod volume, which the kubelet must be able to unmount at any time): never kept open, every
+        held() opens and recognises it for its block alone, as held(keep=False) does."""
+        self.keep = keep
         self._fd: int | None = None
         self._users: dict[int, int] = {}  # descriptor -> threads using it (held())
         self._lock = threading.Lock()
@@ -93,7 +97,7 @@ class ProbeDirectory:
     def again(self) -> ProbeDirectory:
         """The same directory for another holder (a target restarted by a reload), not open yet: its first open
         must recognise it at the path first resolved, or is refused. It is never resolved by name again."""
-        return ProbeDirectory(self.path, self.identity)
+        return ProbeDirectory(self.path, self.identity, self.keep)
 
     @property
     def st_dev(self) -> int:
@@ -126,8 +130,18 @@ class ProbeDirectory:
             opened = self._recognise()
 
     def _recognise(self) -> int:
-        """Open the path and check that it is still the directory first found there; Refused if not."""
-        fd = open_no_link(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        """Open the path and check that it is still the directory first found there; Refused if not. One kept
+        never (a pod volume's) is opened through a private copy of its mount (volprobe.privatemount): what is
+        opened in it then holds the copy, and the kubelet's mount unmounts whatever probe is in flight."""
+        if self.keep:
+            fd = open_no_link(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        else:
+            try:
+                fd = privatemount.open_directory(self.path)
+            except OSError as err:
+                if err.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise Refused("is not a directory (a symbolic link?); refusing to follow it", self.path) from None
+                raise
         try:
             st, vfs = os.fstat(fd), os.fstatvfs(fd)
         except BaseException:
@@ -144,8 +158,8 @@ class ProbeDirectory:
     def held(self, keep: bool = True) -> Iterator[int]:
         """The directory's descriptor, open until the block ends whatever another thread lets go of meanwhile.
         One let go of is opened again (and recognised); with keep=False, only for the block: a mount check must
-        not hold what an unmount needs."""
-        if keep:
+        not hold what an unmount needs (nor does any held() of a directory made with keep=False)."""
+        if keep and self.keep:
             fd: int | None = self._keep(use=True)
         else:
             with self._lock:

@@ -211,7 +211,7 @@ def _resolve_directory_at(
         # prepare() refuses a new one's as it would have here), never by the name of the directory.
         return _resolved_directory(host, target, problems, mount, device, probe_dir)
     try:
-        probe_dir = probefile.ProbeDirectory(path)
+        probe_dir = probefile.ProbeDirectory(path, keep=target.hold)
     except OSError as err:
         problems.append(f"{key}: {path} cannot be opened: {err.strerror}")
         return None
@@ -372,6 +372,7 @@ def io_target(host: Host, target: ResolvedTarget, probe: ProbeConfig) -> IOTarge
                 opener=lambda: metadata.open_checked(directory, target.metadata_pin),
                 verify=lambda fd: metadata.recheck(directory, fd),
                 release=directory.release,
+                keep=target.config.hold,
             )
         name = probe.kind.file or PROBE_FILE_NAME  # a commit log, or the probe file
         return IOTarget(
@@ -382,6 +383,7 @@ def io_target(host: Host, target: ResolvedTarget, probe: ProbeConfig) -> IOTarge
             opener=lambda: directory.open_file(name, flags, size, target.file_pins.get(name)),
             verify=lambda fd: directory.recheck(fd, name, size),
             release=directory.release,
+            keep=target.config.hold,
         )
     return IOTarget(
         target.path,
@@ -476,7 +478,7 @@ def _prepare_probes(
         io = io_target(host, target, probe)
         try:
             fd = io.open()  # reads open per probe later; opening now checks access before anything starts
-            if probe.kind.writes:
+            if probe.kind.writes and io.keep:  # one that keeps nothing opens again at its first probe
                 target.fds[probe.op] = fd
             else:
                 os.close(fd)

@@ -93,7 +93,9 @@ class Exporter:
             self._warm_discovered,
             capabilities=self.found,
         )
-        self.pods = PodVolumeFollower(host, self.probes, self._lock, self._start_targets, self._stop_targets)
+        self.pods = PodVolumeFollower(
+            host, self.probes, self._lock, self._start_targets, self._stop_targets, capabilities=self.found
+        )
         self.checks = mountcheck.Checks()  # calls into directories that may hang, one at a time per directory
         self.mounts = MountWatch(self.probes, self.checks, self._resume)
         self.last_reload_successful = True
