@@ -438,6 +438,9 @@ def test_web_config_null_is_no_web_configuration(helm):
         (("securityContext.runAsUser=1000", "containerSecurityContext.runAsUser=3000"), "3000:65534"),
         (("containerSecurityContext.runAsUser=4000000", "containerSecurityContext.runAsGroup=0"), "4000000:0"),
         (("securityContext=null", "containerSecurityContext=null"), "65534:65534"),
+        # Root then, with SYS_ADMIN alone: without CAP_DAC_OVERRIDE it could not write in 65534's directory.
+        (("awsNvmeStats=true",), "0:65534"),
+        (("config.kubernetes.rules[0].driver=efs.csi.aws.com",), "0:65534"),
     ],
 )
 def test_the_init_step_gives_the_state_directory_to_the_user_volprobe_runs_as(helm, sets, owner):

@@ -266,3 +266,27 @@ def _restart_as_the_kubelet_would(tmp_path, node_dir, device, init, mount, start
     assert _state_status(samples) == {"ok"}, second.log()
     assert "starting afresh" not in second.log()
     assert second.stop() == 0
+
+
+ROOT_SYS_ADMIN = ("setpriv", "--inh-caps=-all,+sys_admin", "--bounding-set=-all,+sys_admin", "--")
+
+
+@pytest.mark.root
+def test_the_aws_nvme_stats_component_gives_the_state_directory_to_its_root(tmp_path, make_loop, start_exporter):
+    """The component runs the exporter as root with SYS_ADMIN alone: without CAP_DAC_OVERRIDE, root may not write
+    in 65534's directory (0.2.0's init step gave it that, and nothing was remembered). Its init step's command,
+    then the exporter as that root: the state is written."""
+    component = yaml.safe_load((REPO / "deploy/kubernetes/components/aws-nvme-stats/kustomization.yaml").read_text())
+    (patch,) = component["patches"]
+    ops = {op["path"]: op["value"] for op in yaml.safe_load(patch["patch"])}
+    command = ops["/spec/template/spec/initContainers/0/command"]
+    node_dir = tmp_path / "var-lib-volprobe"
+    node_dir.mkdir(mode=0o755)
+    device = make_loop(16 * 1024 * 1024)
+    subprocess.run([*INIT_STEP, *[str(node_dir) if arg == "/var/lib/volprobe" else arg for arg in command]], check=True)
+    config = tmp_path / "volprobe.yml"
+    config.write_text(f"state_directory: {node_dir}\ntargets: [{{name: vol, device: {device}}}]\n")
+    exporter = start_exporter("--config", str(config), prefix=ROOT_SYS_ADMIN)
+    exporter.wait_for(lambda s: _state_status(s) == {"ok"}, what="the state to be written")
+    assert exporter.stop() == 0
+    assert list(node_dir.glob("volume-*.json"))

@@ -89,6 +89,10 @@ of containerSecurityContext, else of securityContext (the pod's), else 65534 (no
 {{- end }}
 {{- end }}
 {{- end }}
+{{- if or .Values.awsNvmeStats (dig "kubernetes" "rules" list (.Values.config | default dict)) }}
+{{- /* The container runs as root then (daemonset.yaml), without CAP_DAC_OVERRIDE: the directory must be root's. */}}
+{{- $_ := set $ids "runAsUser" 0 }}
+{{- end }}
 {{- printf "%d:%d" (int64 $ids.runAsUser) (int64 $ids.runAsGroup) }}
 {{- end }}
 
