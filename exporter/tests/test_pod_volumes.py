@@ -458,3 +458,56 @@ def test_requests_in_flight_in_a_rule_volume_keep_no_unmount_from_succeeding_at_
     nothing_held(pid, lab.path)
     assert exporter.process.poll() is None
     assert "Traceback" not in exporter.log()
+
+
+def test_a_rule_volume_that_does_not_answer_holds_up_no_other_pod_volume(
+    tmp_path, fuse_directory, start_exporter
+) -> None:
+    """A rule's volume hung (its server gone) when volprobe starts: its probe file cannot be made, and its
+    preparation waits in a thread of its own with the mount check's deadline. Meanwhile it has the mount check a
+    volume has without a rule, which shows it hung; another pod volume mounted later is followed within a rescan
+    or two; /metrics answers. Once it answers, it takes its rule's probes."""
+    kubelet = tmp_path / "kubelet"
+    web = volume_directory(kubelet, POD_WEB, PV_FUSE, "efs.csi.aws.com", "fs-0a1b2c3d")
+    other = volume_directory(kubelet, POD_DB, PV_EXT4, "nfs.csi.k8s.io", "nfs-server#share")
+    hung, later = fuse_directory(), fuse_directory()
+    with bound(hung.path, web):
+        hung.stall()
+        try:
+            text = (
+                "mount_check: {interval: 200ms, timeout: 1s}\n"
+                f"kubernetes: {{kubelet_directory: {kubelet}, rescan_interval: {RESCAN_S}s,\n"
+                "  rules: [{driver: efs.csi.aws.com, probes: [{op: write, interval: 200ms}]}]}\n"
+            )
+            exporter = start_exporter("--config", write_config(tmp_path, text))
+            exporter.wait_for(
+                lambda s: sample_value(s, "volprobe_mount_responsive", target=str(web)) == 0,
+                timeout=10,
+                what="the hung rule volume's mount check, not responding",
+            )
+            with bound(later.path, other):
+                slowest = 0.0
+
+                def followed(samples) -> bool:
+                    return sample_value(samples, "volprobe_mount_responsive", target=str(other)) == 1
+
+                deadline = time.monotonic() + 10
+                while True:
+                    start = time.monotonic()
+                    samples = exporter.metrics()
+                    slowest = max(slowest, time.monotonic() - start)
+                    if followed(samples):
+                        break
+                    assert time.monotonic() < deadline, "the volume mounted later was not followed"
+                    time.sleep(0.25)
+                assert slowest < 1.0, f"a scrape took {slowest:.2f}s"
+                assert probes_done(samples, str(web), "write") == 0
+                assert "does not answer" in exporter.log()
+                umount2(other)
+        finally:
+            hung.release()
+        exporter.wait_for(
+            lambda s: probes_done(s, str(web), "write") >= 2, timeout=15, what="the rule's probes once it answers"
+        )
+        assert sample_value(exporter.metrics(), "volprobe_mount_responsive", target=str(web)) == 1
+        assert "Traceback" not in exporter.log()

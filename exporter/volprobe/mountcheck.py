@@ -99,7 +99,7 @@ class Checks:
         threading.Thread(target=run, name=f"{name} {key}", daemon=True).start()
         return True
 
-    def call(self, key: str, function: Callable[[], T], timeout: float) -> T:
+    def call(self, key: str, function: Callable[[], T], timeout: float, name: str = "mount check") -> T:
         """`function()`'s result, or its exception; Hung if it (or the call of `key` already outstanding) does not
         return within `timeout` of its start. The caller never waits longer than about twice `timeout`."""
         with self._changed:
@@ -123,8 +123,8 @@ class Checks:
                 errors.append(error)
             finished.set()
 
-        if not self.submit(key, call, done):  # another caller started one in between: wait for it instead
-            return self.call(key, function, timeout)
+        if not self.submit(key, call, done, name):  # another caller started one in between: wait for it instead
+            return self.call(key, function, timeout, name)
         if not finished.wait(timeout):
             raise Hung(f"no answer within {timeout:g}s")
         if errors:

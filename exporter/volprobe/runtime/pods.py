@@ -27,7 +27,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from .. import kubelet, privatemount, supervise
+from .. import kubelet, mountcheck, privatemount, supervise
 from .. import targets as targets_mod
 from ..capabilities import Capabilities
 from ..config import Config, ConfigError, PodVolumeRule, TargetConfig
@@ -90,6 +90,7 @@ class PodVolumeFollower:
         self._missing_logged = False
         self._drivers: dict[tuple[str, str], str] = {}  # of every pod volume at the last rescan, block-backed too
         self._refused: dict[tuple[str, TargetConfig], str] = {}  # rule targets that could not start, logged once
+        self._checks = mountcheck.Checks()  # rule targets' preparations, one outstanding per volume
 
     def drivers(self) -> dict[tuple[str, str], str]:
         """{(pv, pod_uid): driver}, and (pv, "") for the node's staging mount, of the last rescan's pod volumes."""
@@ -169,26 +170,43 @@ class PodVolumeFollower:
 
     def _prepare(self, config: Config, volume: kubelet.PodVolume, target: TargetConfig) -> ResolvedTarget | None:
         """A rule's target resolved and prepared (its probe file made or checked): every check of a directory
-        target's. None, logged once for that volume and rule, if it is refused; tried again at the next rescan."""
-        try:
+        target's, in a thread of its own with the mount check's deadline, so that a volume that does not answer (a
+        server gone) holds up neither this rescan nor the other volumes. None, logged once for that volume and
+        rule, if it is refused or does not answer; tried again at the next rescan (a volume whose last try is
+        still outstanding is not tried again until it returns)."""
+
+        def make() -> ResolvedTarget:
+            # Nothing is held open by what this returns (hold=False): one returning after its caller gave up
+            # (Hung) is dropped as it is.
             (resolved,) = targets_mod.resolve(config, self.host, [target])
             resolved.name, resolved.pod_volume = volume.path, volume
             targets_mod.prepare(self.host, [resolved])
+            return resolved
+
+        try:
+            if self._checks.outstanding_since(volume.path) is not None:
+                raise mountcheck.Hung("its last try has not returned")
+            resolved = self._checks.call(volume.path, make, config.mount_check.timeout, name="pod volume prepare")
+        except mountcheck.Hung as err:
+            self._refuse(volume, target, f"the volume does not answer ({err}); probed once it does")
+            return None
         except ConfigError as err:
-            why = "; ".join(err.problems)
-            if self._refused.get((volume.path, target)) != why:
-                log.error(
-                    "pod volume %s of pod %s matches %s, but cannot be probed: %s",
-                    volume.pv,
-                    volume.pod_uid,
-                    target.key,
-                    why,
-                    extra=fields(target=volume.path, path=volume.path),
-                )
-            self._refused[(volume.path, target)] = why
+            self._refuse(volume, target, "; ".join(err.problems))
             return None
         self._refused.pop((volume.path, target), None)
         return resolved
+
+    def _refuse(self, volume: kubelet.PodVolume, target: TargetConfig, why: str) -> None:
+        if self._refused.get((volume.path, target)) != why:
+            log.error(
+                "pod volume %s of pod %s matches %s, but cannot be probed: %s",
+                volume.pv,
+                volume.pod_uid,
+                target.key,
+                why,
+                extra=fields(target=volume.path, path=volume.path),
+            )
+        self._refused[(volume.path, target)] = why
 
     def rescan(self, stopping: threading.Event | None = None) -> None:
         """Start a target for each pod volume to follow that appeared (or whose rule changed); stop those that
@@ -230,12 +248,20 @@ class PodVolumeFollower:
         configured = {t.path for t in targets if t.pod_volume is None}  # a directory target there is the config's
         found = {key: pair for key, pair in found.items() if pair[0].path not in configured}
         running = {t.pod_volume.key: t for t in targets if t.pod_volume is not None}
+        for key, (volume, config) in list(found.items()):
+            if config.probes and key not in prepared and not (key in running and running[key].config == config):
+                # A rule's target not ready (refused, or its volume not answering: logged), meanwhile what the volume
+                # has without a rule: a filesystem's mount check (a hung one shows), a block-backed one's disk.
+                if volume.backing == kubelet.FILESYSTEM:
+                    found[key] = (volume, wanted(volume, None))
+                else:
+                    del found[key]
         gone = [t for key, t in running.items() if key not in found or found[key][1] != t.config]
         for target in gone:
             if target.path in configured:
                 why = "now a configured target"
             elif target.pod_volume is not None and target.pod_volume.key in found:
-                why = "its kubernetes rule changed"
+                why = "its kubernetes rule changed" if target.config.probes else "its rule's probe file is ready"
             elif target.path in {volume.path for volume, _ in found.values()}:
                 why = "pod volume mounted again"
             else:
@@ -248,10 +274,8 @@ class PodVolumeFollower:
                 continue
             if not config.probes:
                 new.append(pod_target(volume))
-            elif key in prepared:
-                new.append(prepared[key])
             else:
-                continue  # refused (logged): tried again at the next rescan
+                new.append(prepared[key])
             probes = ", ".join(f"{p.op} every {p.interval:g}s" for p in config.probes) or "mount check only"
             log.info(
                 "pod volume %s of pod %s (%s, %s): %s",
