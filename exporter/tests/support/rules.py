@@ -44,11 +44,12 @@ def start_with_rules(
     port: int,
     every: str,
     version: str = "2",
+    **settings: str,
 ) -> RunningPrometheus:
     """A real Prometheus (`version` 2 or 3, from the start_prometheus fixture) scraping the exporter on `port` and
-    evaluating the shipped rules, test-sized, `every`."""
+    evaluating the shipped rules, test-sized (with these mixin `settings` changed), `every`."""
     rules_path = directory / "volprobe-rules.yml"
-    rules_path.write_text(rules.render(mixin.from_mapping(TEST_SIZED)))
+    rules_path.write_text(rules.render(mixin.from_mapping({**TEST_SIZED, **settings})))
     return start_prometheus(
         f"""
 global: {{scrape_interval: {every}, evaluation_interval: {every}}}
@@ -69,3 +70,10 @@ def firing(alerts: list[dict[str, Any]], name: str, **labels: str) -> bool:
         and all(a["labels"].get(k) == v for k, v in labels.items())
         for a in alerts
     )
+
+
+def alert_expression(name: str, **settings: str) -> str:
+    """The expression of the shipped alert `name`, rendered test-sized with these mixin `settings` changed."""
+    document = rules.document(mixin.from_mapping({**TEST_SIZED, **settings}))
+    (expr,) = [r["expr"] for g in document["groups"] for r in g["rules"] if r.get("alert") == name]
+    return str(expr)
