@@ -20,7 +20,8 @@ MIN_HISTORY = "10m"  # longer than the test: its baseline is younger throughout
 HELD_S = 20.0  # how long the unguarded alert's condition must hold: over three times its test-sized `for` (6 s)
 
 
-@pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
+# One version: the condition is plain PromQL (present_over_time ... offset), which test_e2e runs, firing, on both.
+@pytest.mark.parametrize("version", PROMETHEUS_VERSIONS[-1:])
 def test_no_regression_alert_against_a_baseline_younger_than_its_minimum_history(
     tmp_path, lab_volume, start_exporter, start_prometheus, version
 ):

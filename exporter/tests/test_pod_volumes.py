@@ -406,58 +406,62 @@ def test_requests_in_flight_in_a_rule_volume_keep_no_unmount_from_succeeding_at_
     kubelet = tmp_path / "kubelet"
     web = volume_directory(kubelet, POD_WEB, PV_FUSE, "efs.csi.aws.com", "fs-0a1b2c3d")
     lab = fuse_directory()
-    text = (
-        "mount_check: {interval: 200ms, timeout: 1s}\n"
-        f"kubernetes: {{kubelet_directory: {kubelet}, rescan_interval: {RESCAN_S}s,\n"
-        "  rules: [{driver: efs.csi.aws.com, probes: [{op: write, interval: 200ms}]}]}\n"
-    )
-    run("mount", "--bind", str(lab.path), str(web))
-    exporter = start_exporter("--config", write_config(tmp_path, text))
-    pid = exporter.process.pid
-    samples = exporter.wait_for(lambda s: probes_done(s, str(web), "write") >= 3, what="the write probes")
-    assert sample_value(samples, "volprobe_capability_available", capability="private_mount") == 1
-
-    def gone(s) -> bool:
-        return info(s, str(web)) is None and probes_done(s, str(web), "write") == 0
-
-    # A write in flight, its request in the FUSE daemon for 3 s: the timed request itself.
-    lab.set_latency("write", 3.0)
     try:
-        exporter.wait_for(
-            lambda s: (sample_value(s, "volprobe_probe_inflight_seconds", target=str(web), op="write") or 0) > 0.5,
-            timeout=10,
-            what="a write probe in flight",
+        text = (
+            "mount_check: {interval: 200ms, timeout: 1s}\n"
+            f"kubernetes: {{kubelet_directory: {kubelet}, rescan_interval: {RESCAN_S}s,\n"
+            "  rules: [{driver: efs.csi.aws.com, probes: [{op: write, interval: 200ms}]}]}\n"
         )
-        result = subprocess.run(["umount", str(web)], capture_output=True, text=True)
-        assert result.returncode == 0, f"umount with a write in flight: {result.stderr}"
-        assert lab.status()["counts"].get("write", 0) > 0
-    finally:
-        lab.set_latency("write", 0.0)
-    exporter.wait_for(gone, timeout=10, what="its target and series gone")
-    nothing_held(pid, lab.path, within=5.0)  # once the write returned (3 s after it was sent)
+        run("mount", "--bind", str(lab.path), str(web))
+        exporter = start_exporter("--config", write_config(tmp_path, text))
+        pid = exporter.process.pid
+        samples = exporter.wait_for(lambda s: probes_done(s, str(web), "write") >= 3, what="the write probes")
+        assert sample_value(samples, "volprobe_capability_available", capability="private_mount") == 1
 
-    # The daemon stalled: the next probe's open and a mount check hang in the volume.
-    run("mount", "--bind", str(lab.path), str(web))
-    exporter.wait_for(lambda s: probes_done(s, str(web), "write") >= 2, what="the write probes of the volume again")
-    lab.stall()
-    try:
-        exporter.wait_for(
-            lambda s: (
-                sample_value(s, "volprobe_mount_responsive", target=str(web)) == 0 and lab.status()["stalled"] >= 2
-            ),
-            timeout=10,
-            what="a probe and a mount check hung in the volume",
-        )
-        umount2(web)  # no EBUSY
-        assert not is_mount(web)
-        assert lab.status()["stalled"] >= 2  # they were still hung when it went
-    finally:
-        lab.release()
-    exporter.wait_for(gone, timeout=10, what="its target and series gone")
-    assert os.listdir(web) == []  # nothing written beneath the mount
-    nothing_held(pid, lab.path)
-    assert exporter.process.poll() is None
-    assert "Traceback" not in exporter.log()
+        def gone(s) -> bool:
+            return info(s, str(web)) is None and probes_done(s, str(web), "write") == 0
+
+        # A write in flight, its request in the FUSE daemon for 3 s: the timed request itself.
+        lab.set_latency("write", 3.0)
+        try:
+            exporter.wait_for(
+                lambda s: (sample_value(s, "volprobe_probe_inflight_seconds", target=str(web), op="write") or 0) > 0.5,
+                timeout=10,
+                what="a write probe in flight",
+            )
+            result = subprocess.run(["umount", str(web)], capture_output=True, text=True)
+            assert result.returncode == 0, f"umount with a write in flight: {result.stderr}"
+            assert lab.status()["counts"].get("write", 0) > 0
+        finally:
+            lab.set_latency("write", 0.0)
+        exporter.wait_for(gone, timeout=10, what="its target and series gone")
+        nothing_held(pid, lab.path, within=5.0)  # once the write returned (3 s after it was sent)
+
+        # The daemon stalled: the next probe's open and a mount check hang in the volume.
+        run("mount", "--bind", str(lab.path), str(web))
+        exporter.wait_for(lambda s: probes_done(s, str(web), "write") >= 2, what="the write probes of the volume again")
+        lab.stall()
+        try:
+            exporter.wait_for(
+                lambda s: (
+                    sample_value(s, "volprobe_mount_responsive", target=str(web)) == 0 and lab.status()["stalled"] >= 2
+                ),
+                timeout=10,
+                what="a probe and a mount check hung in the volume",
+            )
+            umount2(web)  # no EBUSY
+            assert not is_mount(web)
+            assert lab.status()["stalled"] >= 2  # they were still hung when it went
+        finally:
+            lab.release()
+        exporter.wait_for(gone, timeout=10, what="its target and series gone")
+        assert os.listdir(web) == []  # nothing written beneath the mount
+        nothing_held(pid, lab.path)
+        assert exporter.process.poll() is None
+        assert "Traceback" not in exporter.log()
+    finally:  # a failure leaves no bind mount behind (the FUSE fixture unmounts its own mount only)
+        if is_mount(web):
+            subprocess.run(["umount", "-l", str(web)], check=False)
 
 
 def test_a_rule_volume_that_does_not_answer_holds_up_no_other_pod_volume(
