@@ -111,10 +111,21 @@ def test_bandwidth_cap_holds_under_parallel_load(lab_volume):
     # The reference, measured here and now: what this load moves without a cap. The cap can only be shown to be
     # reached by a demand above it; the capped rate is then the cap, neither less (not reached) nor more (not held).
     uncapped = rate(runtime=2)
-    volume.set(bandwidth_limit=cap)
-    capped = rate(runtime=4)
     assert uncapped >= 2 * cap, f"the load moved only {uncapped / MIB:.1f} MiB/s uncapped: no test of a 20 MiB/s cap"
-    assert abs(capped - min(cap, uncapped)) <= 0.03 * cap, (capped / MIB, uncapped / MIB)
+    volume.set(bandwidth_limit=cap)
+    # Never more than the cap, in any window; the cap itself reached in one of three: on a busy machine (the suite's
+    # four workers) the load generator and the lab's server wait for the CPU now and then, and one window of 4 s
+    # measured 18.1 MiB/s (a CI run beside the whole suite).
+    measured = []
+    for _ in range(3):
+        measured.append(rate(runtime=4))
+        assert measured[-1] <= 1.03 * cap, f"the cap did not hold: {[m / MIB for m in measured]} MiB/s"
+        if measured[-1] >= 0.97 * cap:
+            break
+    else:
+        raise AssertionError(
+            f"the cap was never reached: {[m / MIB for m in measured]} MiB/s, {uncapped / MIB} uncapped"
+        )
 
 
 def test_set_changes_a_live_device_without_detaching_it(lab_volume):
