@@ -98,6 +98,10 @@ def _wait_flagged(exporter, caps: dict, started: float, timeout: float, evidence
     return flagged
 
 
+# Alone (the suite's last phase): its load must run above the lab's caps. Beside the suite's four workers, the lab
+# once served the iops volume's load at 282 ops/s under a 300 ops/s cap, and the burst's answer was, rightly,
+# inconclusive (CI run 10, 2026-11-27).
+@pytest.mark.alone
 def test_a_cap_already_under_way_is_flagged_at_start_and_after_a_restart(tmp_path, lab_volume, start_exporter):
     """Within 30 s of start, or where the lab serves its cap unevenly under the suite's load, within DETECTION_S
     of the plateau showing in the disk's own reads (wait_flagged)."""
