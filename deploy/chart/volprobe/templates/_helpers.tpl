@@ -76,8 +76,18 @@ httpGet:
 {{- end }}
 {{- end }}
 
+{{/*
+"true" when the container runs as root with SYS_ADMIN alone (daemonset.yaml): for the NVMe admin command of
+awsNvmeStats, or for config.kubernetes.rules (writes in pod volumes, through private copies of their mounts).
+The state directory's owner follows it (volprobe.stateOwner).
+*/}}
+{{- define "volprobe.rootWithSysAdmin" -}}
+{{- if or .Values.awsNvmeStats (dig "kubernetes" "rules" list (.Values.config | default dict)) }}true{{ end }}
+{{- end }}
+
 {{/* "UID:GID" of the user volprobe runs as, whom the init step gives the state directory: runAsUser and runAsGroup
-of containerSecurityContext, else of securityContext (the pod's), else 65534 (nobody), as in the image. */}}
+of containerSecurityContext, else of securityContext (the pod's), else 65534 (nobody), as in the image; root's
+when volprobe.rootWithSysAdmin. */}}
 {{- define "volprobe.stateOwner" -}}
 {{- $ids := dict "runAsUser" 65534 "runAsGroup" 65534 }}
 {{- range list (.Values.securityContext | default dict) (.Values.containerSecurityContext | default dict) }}
@@ -89,7 +99,7 @@ of containerSecurityContext, else of securityContext (the pod's), else 65534 (no
 {{- end }}
 {{- end }}
 {{- end }}
-{{- if or .Values.awsNvmeStats (dig "kubernetes" "rules" list (.Values.config | default dict)) }}
+{{- if include "volprobe.rootWithSysAdmin" . }}
 {{- /* The container runs as root then (daemonset.yaml), without CAP_DAC_OVERRIDE: the directory must be root's. */}}
 {{- $_ := set $ids "runAsUser" 0 }}
 {{- end }}
