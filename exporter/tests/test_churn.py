@@ -4,20 +4,24 @@ file descriptors and series where they started."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
-from .support.harness import MIB, Samples, free_loop, probes_done, run, sample_value
+from .support.harness import (
+    ENGINE_MOST_IDLE,
+    MIB,
+    Samples,
+    engine_threads,
+    free_loop,
+    probes_done,
+    run,
+    sample_value,
+    threads,
+)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-
-
-def threads(pid: int) -> int:
-    return int(re.search(r"Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1))
 
 
 def fds(pid: int) -> int:
@@ -132,6 +136,7 @@ def test_a_hundred_reloads_and_attach_detach_cycles_leave_nothing_behind(tmp_pat
             what="the detached device to go",
         )
     assert settle(exporter, baseline) == baseline, "threads or descriptors left by attach/detach cycles"
+    assert engine_threads(exporter.process.pid) <= ENGINE_MOST_IDLE
     assert series(exporter, devices) == expected
     assert exporter.process.poll() is None
     assert exporter.stop() == 0

@@ -15,7 +15,7 @@ import pytest
 from lab import lab
 
 from .support import harness
-from .support.harness import MIB, probes_done, sample_value, wait_until
+from .support.harness import MIB, probes_done, sample_value, threads, wait_until
 
 FIRST_LOOP = 300
 CHUNK = 64 * 1024  # the lab's coverage unit
@@ -203,7 +203,7 @@ def test_two_dozen_volumes_attached_at_once_are_warmed_two_at_a_time_and_scrapes
     queued, every volume read whole (the kernel's own count of sectors read), threads bounded by the limit, and
     no scrape held up by the queue. Plain loop devices: the lab's chain is too heavy for two dozen."""
     exporter = start(tmp_path, start_exporter, rate="8MiB", max_concurrent=2)
-    baseline_threads = int(Path(f"/proc/{exporter.process.pid}/status").read_text().split("Threads:")[1].split()[0])
+    baseline_threads = threads(exporter.process.pid)  # the probe engine's aside (harness.threads)
     size = 4 * MIB
     devices: dict[str, int] = {}
     try:
@@ -217,8 +217,7 @@ def test_two_dozen_volumes_attached_at_once_are_warmed_two_at_a_time_and_scrapes
             states = {d: state_of(samples, d) for d in devices}
             most_running = max(most_running, sum(1 for s in states.values() if s == "running"))
             seen_queued |= {d for d, s in states.items() if s == "queued"}
-            status = Path(f"/proc/{exporter.process.pid}/status").read_text()
-            most_threads = max(most_threads, int(status.split("Threads:")[1].split()[0]))
+            most_threads = max(most_threads, threads(exporter.process.pid))
             if all(s == "done" for s in states.values()):
                 break
             time.sleep(0.2)

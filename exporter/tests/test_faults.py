@@ -10,7 +10,7 @@ from lab import lab
 
 from volprobe.stats import RELATIVE_ERROR
 
-from .support.harness import MIB, probes_done, sample_value, write_config
+from .support.harness import MIB, engine_threads, probes_done, sample_value, write_config
 
 pytestmark = pytest.mark.root
 
@@ -33,11 +33,17 @@ targets:
 """,
     )
     exporter = start_exporter("--config", config)
+    pid = exporter.process.pid
     exporter.wait_for(lambda s: probes_done(s, "stalling") >= 5, what="probes on the stalling volume")
+    assert engine_threads(pid) == 2, "the probe engine: its leader and its watcher"
     stall_started = time.monotonic()
     stalling.set(stall=True)
-    time.sleep(0.5)
-    healthy_before = probes_done(exporter.metrics(), "healthy")
+    samples = exporter.wait_for(
+        lambda s: sample_value(s, "volprobe_probe_inflight_seconds", target="stalling", op="read") > 0.3,
+        what="a request stalled",
+    )
+    healthy_before = probes_done(samples, "healthy")
+    missed_before = sample_value(samples, "volprobe_probe_missed_total", target="healthy", op="read")
     slowest = 0.0
     while time.monotonic() - stall_started < STALL_S:  # scrapes every half second while a probe hangs
         start = time.monotonic()
@@ -46,8 +52,12 @@ targets:
         # The in-flight age follows the stall: the hung probe was issued at most one slot after it began.
         age = sample_value(samples, "volprobe_probe_inflight_seconds", target="stalling", op="read")
         assert start - stall_started - 1.0 <= age <= time.monotonic() - stall_started, age
+        # The engine's leader is stuck in that request: its watcher took over, and a new one waits.
+        assert engine_threads(pid) == 3
         time.sleep(0.5)
     assert slowest < 1.0, f"a scrape took {slowest:.2f}s while a device was stalled"
+    # The other probe kept its schedule: no slot of it was late by a whole interval (none missed).
+    assert sample_value(samples, "volprobe_probe_missed_total", target="healthy", op="read") == missed_before
     assert probes_done(samples, "healthy") > healthy_before + 0.8 * (STALL_S - 1) / 0.1, (
         "the healthy target kept its pace"
     )
@@ -58,6 +68,8 @@ targets:
         lambda s: probes_done(s, "stalling") > stalled_count, what="the stalled probe to finish"
     )
     assert sample_value(samples, "volprobe_probe_inflight_seconds", target="stalling", op="read") < 1
+    # The thread that was stuck recorded its request and waits as a spare for the next stall: no thread more.
+    assert engine_threads(pid) == 3
 
     # The stalled probe is recorded with its true latency: above 5 s, and no longer than the stall lasted (a loaded
     # machine stretches the stall beyond the scrapes' minute). The slots it held were missed.

@@ -20,7 +20,7 @@ from volprobe.discovery import Host
 from volprobe.mixin import dashboards, rules
 
 from .support import dashboards as support_dashboards
-from .support.harness import MIB, probes_done, sample_value, wait_until, write_config
+from .support.harness import MIB, probes_done, sample_value, threads, wait_until, write_config
 
 pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.slow]
 
@@ -28,11 +28,6 @@ CHECK = "mount_check: {interval: 200ms, timeout: 1s}\n"
 # How long the stall lasts before the checks that nothing piled up: 4 s (20 check intervals) in the suite; the
 # issue's 60 s with VOLPROBE_TEST_STALL_S=60.
 STALL_S = float(os.environ.get("VOLPROBE_TEST_STALL_S", "4"))
-
-
-def threads(pid: int) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
 
 
 def responsive(samples, target: str) -> float | None:

@@ -6,21 +6,26 @@ import os
 import re
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
-from .support.harness import MIB, free_loop, probes_done, run, sample_value, wait_until
+from .support.harness import (
+    ENGINE_MOST_IDLE,
+    MIB,
+    engine_threads,
+    free_loop,
+    probes_done,
+    run,
+    sample_value,
+    threads,
+    wait_until,
+)
 
 pytestmark = pytest.mark.root
 
 
 def targets(samples) -> set[str]:
     return {labels["target"] for labels, _ in samples.get("volprobe_target_info", [])}
-
-
-def threads(pid: int) -> int:
-    return int(re.search(r"Threads:\s+(\d+)", Path(f"/proc/{pid}/status").read_text()).group(1))
 
 
 def test_sighup_keeps_unchanged_targets_and_drops_removed_ones(tmp_path, make_loop, start_exporter):
@@ -108,6 +113,7 @@ discovery:
         labels.get("device") == name for labels, _ in samples.get("volprobe_probe_latency_seconds_count", [])
     )
     wait_until(lambda: threads(exporter.process.pid) <= baseline_threads, 5, "no thread left behind", every=0.2)
+    assert engine_threads(exporter.process.pid) <= ENGINE_MOST_IDLE
     assert threads(exporter.process.pid) == baseline_threads, "no thread left behind"
     assert sample_value(samples, "volprobe_scrape_collector_success", collector="probe") == 1
     assert exporter.process.poll() is None

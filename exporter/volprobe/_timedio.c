@@ -21,7 +21,10 @@
 #include <string.h>
 #include <linux/futex.h>
 #include <limits.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <fcntl.h>
 #include <unistd.h>
 #include <time.h>
@@ -140,6 +143,14 @@ typedef struct {
     long long *latency_ns, *end_ns;
     unsigned char *zero;
     Py_ssize_t capacity, produced, taken;
+    /* With the engine (see Engine below; NULL when run() makes its requests in the caller's thread): the run in
+     * progress, guarded by the engine's mutex. done_word: set to 1 (and woken) when the run ended. */
+    int engine;
+    const long long *offsets;
+    Py_ssize_t count, next;
+    int fd, listed, busy, status, error;
+    ssize_t moved;
+    unsigned done_word;
 } Loop;
 
 static long long now_ns(void) {
@@ -155,13 +166,33 @@ static double uniform(Loop *self) { /* xorshift64*: the jitter needs speed, not 
     return (double)((self->rng * 0x2545F4914F6CDD1DULL) >> 11) / 9007199254740992.0;
 }
 
+/* The engine's probes share their slots (see Engine): a run's schedule starts at the next multiple of its grain
+ * (its interval, at most 1 s) of CLOCK_MONOTONIC, and the jitter of a slot is drawn from the slot's time and the
+ * interval, with the process's seed, so probes of one interval due at the same time stay together. Each probe's
+ * own delays are as random as before: uniform in [0, jitter * interval), drawn anew for every slot. */
+#define GRAIN_NS 1000000000LL
+static uint64_t shared_seed;
+
+static double shared_uniform(long long nominal_ns, long long interval_ns) { /* splitmix64's finaliser */
+    uint64_t z = shared_seed ^ ((uint64_t)nominal_ns * 0x9E3779B97F4A7C15ULL) ^ ((uint64_t)interval_ns << 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return (double)(z >> 11) / 9007199254740992.0;
+}
+
 static void set_deadline(Loop *self) {
-    long long jitter = self->jitter > 0 ? (long long)(uniform(self) * self->jitter * (double)self->interval_ns) : 0;
-    self->deadline_ns = self->start_ns + self->slot * self->interval_ns + jitter;
+    long long nominal = self->start_ns + self->slot * self->interval_ns;
+    double draw = self->jitter <= 0 ? 0 : self->engine ? shared_uniform(nominal, self->interval_ns) : uniform(self);
+    self->deadline_ns = nominal + (long long)(draw * self->jitter * (double)self->interval_ns);
 }
 
 static void schedule(Loop *self, long long start_ns, long long interval_ns) {
     self->interval_ns = interval_ns > 0 ? interval_ns : 1;
+    if (self->engine) {
+        long long grain = self->interval_ns < GRAIN_NS ? self->interval_ns : GRAIN_NS;
+        start_ns = (start_ns + grain - 1) / grain * grain;
+    }
     self->start_ns = start_ns;
     self->slot = 0;
     set_deadline(self);
@@ -207,8 +238,8 @@ static int wait_deadline(Loop *self) {
 }
 
 static int Loop_init(Loop *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"path",   "flags", "buffer",  "inflight", "syscall",
-                             "writes", "jitter", "seed", "counter", "steps",    NULL};
+    static char *kwlist[] = {"path",   "flags",  "buffer", "inflight", "syscall", "writes",
+                             "jitter", "seed",   "counter", "steps",   "engine",  NULL};
     PyObject *path; /* bytes: the str's file system encoding, surrogates (undecodable bytes) included */
     const char *syscall;
     unsigned long long seed, counter;
@@ -216,9 +247,9 @@ static int Loop_init(Loop *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_RuntimeError, "Loop is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&iw*w*spdKK|i", kwlist, PyUnicode_FSConverter, &path,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&iw*w*spdKK|ip", kwlist, PyUnicode_FSConverter, &path,
                                      &self->flags, &self->buffer, &self->inflight, &syscall, &self->writes,
-                                     &self->jitter, &seed, &counter, &self->nsteps))
+                                     &self->jitter, &seed, &counter, &self->nsteps, &self->engine))
         return -1;
     self->path = strdup(PyBytes_AS_STRING(path));
     Py_DECREF(path);
@@ -275,9 +306,271 @@ static PyObject *Loop_schedule(Loop *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static void futex_wake_all(unsigned *word) {
+    syscall(SYS_futex, word, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, INT_MAX, NULL, NULL, 0);
+}
+
 static void wake(Loop *self) {
     __atomic_add_fetch(&self->wake_word, 1, __ATOMIC_RELEASE);
-    syscall(SYS_futex, &self->wake_word, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, INT_MAX, NULL, NULL, 0);
+    futex_wake_all(&self->wake_word);
+}
+
+/* One request at offsets[index] (fd, or the path opened for it when fd is -1), timed around its syscalls alone,
+ * its result kept at index for take(): RUN_DONE when it succeeded, else how it failed (error, moved). Called
+ * without the GIL, by the caller's thread (run() without the engine) or an engine thread. */
+static int request_one(Loop *self, long long offset, int fd, Py_ssize_t index, int *error, ssize_t *moved) {
+    volatile long long *marker = (volatile long long *)self->inflight.buf;
+    size_t size = (size_t)self->buffer.len;
+    if (self->writes)
+        stamp(self);
+    int use = fd;
+    if (fd < 0 && (use = open(self->path, self->flags | O_CLOEXEC)) < 0) {
+        *error = errno;
+        return RUN_OPEN_FAILED;
+    }
+    struct timespec start, end;
+    long long steps[MAX_STEPS] = {0};
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    *marker = ns(&start);
+    *moved = self->request(use, self->buffer.buf, size, offset, steps);
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    *marker = 0;
+    if (*moved < 0)
+        *error = errno;
+    if (fd < 0)
+        close(use);
+    if (*moved < 0 || (size_t)*moved != size)
+        return *moved < 0 ? RUN_IO_FAILED : RUN_SHORT;
+    int zero = !self->writes && all_zero(self->buffer.buf, self->buffer.len);
+    pthread_mutex_lock(&self->mutex);
+    self->latency_ns[index] = ns(&end) - ns(&start);
+    self->end_ns[index] = ns(&end);
+    self->zero[index] = (unsigned char)zero;
+    for (int k = 0; k < self->nsteps; k++)
+        self->step_ns[k] += steps[k];
+    self->produced = index + 1;
+    pthread_mutex_unlock(&self->mutex);
+    __atomic_add_fetch(&self->completed, 1, __ATOMIC_RELAXED);
+    if (zero)
+        __atomic_add_fetch(&self->zero_reads, 1, __ATOMIC_RELAXED);
+    return RUN_DONE;
+}
+
+/* -- Engine -------------------------------------------------------------------------------------------
+ *
+ * The probes of the process share one schedule: each Loop made with engine=True hands its run() to the engine
+ * and its Python thread sleeps until the run ends (its batch done, stop, or a failure), about every 30 s. The
+ * engine's leader thread sleeps until the earliest deadline of all the runs in progress (with the timer slack of
+ * the shortest interval: 1%, at most 10 ms), then makes every request that is due, one after the other, in that
+ * one wake-up: a wake-up from idle costs more than the request on a VM, and it is paid once for the probes due
+ * together, not once each. Requests are still made one at a time, so two probes never meet in flight.
+ *
+ * A request that does not come back (a stalled device) must not hold up the others. A watchdog timer (a
+ * timerfd) is armed before each request, at the next other probe's deadline plus the grace (the slack, at least
+ * 1 ms). A second thread, the watcher, waits on it: when it fires with the leader still in that request, the
+ * watcher becomes the leader and wakes a spare thread (or starts one) to be the new watcher; the old leader
+ * records its request when it returns and then waits as the watcher, or as a spare (at most MAX_PARKED), or ends.
+ * So there is one thread more than there are requests that outlived the grace, and arming the watchdog costs
+ * two syscalls per request, no wake-up.
+ *
+ * Probes of one interval share their slots (schedule(), set_deadline()): a slot's random delay is drawn once for
+ * all of them, so they are due together and served in one wake-up, one after the other, however many volumes.
+ */
+#define MIN_GRACE_NS 1000000LL
+#define MAX_PARKED 2
+#define MAX_SLACK_NS 10000000LL
+static struct {
+    pthread_mutex_t mutex;
+    unsigned wake_word;                /* the leader sleeps on it: bumped to wake it */
+    Loop **loops;                      /* the runs in progress */
+    Py_ssize_t nloops, capacity;
+    int timerfd, started, failed;      /* failed: the threads could not be started (run() then makes its own) */
+    unsigned long long generation;     /* bumped at each take-over: a thread leads while its copy matches */
+    int has_leader, has_watcher, in_request;
+    int parked;                        /* spare threads, waiting on park_word for the next take-over */
+    unsigned park_word;
+    long long armed_ns;                /* when the watchdog fires (CLOCK_MONOTONIC), 0 when disarmed */
+    long long threads, takeovers;
+} E = {.mutex = PTHREAD_MUTEX_INITIALIZER, .timerfd = -1};
+
+static long long slack_of(const Loop *self) {
+    long long slack = self->interval_ns / 100;
+    return slack > MAX_SLACK_NS ? MAX_SLACK_NS : slack > 0 ? slack : 1;
+}
+
+static void arm(long long at) { /* engine mutex held; 0 disarms */
+    if (at == E.armed_ns)
+        return;
+    struct itimerspec when = {{0, 0}, {at / 1000000000LL, at % 1000000000LL}};
+    timerfd_settime(E.timerfd, TFD_TIMER_ABSTIME, &when, NULL);
+    E.armed_ns = at;
+}
+
+static void finish(Loop *self, int status) { /* engine mutex held: the run ends; its thread returns */
+    for (Py_ssize_t k = 0; k < E.nloops; k++)
+        if (E.loops[k] == self) {
+            E.loops[k] = E.loops[--E.nloops];
+            break;
+        }
+    self->listed = 0;
+    self->status = status;
+    __atomic_store_n(&self->done_word, 1, __ATOMIC_RELEASE);
+    futex_wake_all(&self->done_word);
+}
+
+/* After a request of an engine run (engine mutex held): the run goes on at its next slot or ends. */
+static void settle(Loop *self, int status, int error, ssize_t moved) {
+    self->busy = 0;
+    if (status != RUN_DONE) {
+        self->error = error;
+        self->moved = moved;
+        finish(self, status);
+        return;
+    }
+    self->next++;
+    if (self->next == self->count)
+        finish(self, RUN_DONE);
+    else if (self->stopping)
+        finish(self, RUN_STOPPED);
+    else
+        advance(self, now_ns());
+}
+
+/* The leader's loop (engine mutex held); returns, mutex held, once another thread took over. */
+static void lead(void) {
+    unsigned long long generation = E.generation;
+    long long slack = -1;
+    for (;;) {
+        long long now = now_ns(), earliest = LLONG_MAX, other = LLONG_MAX, want = MAX_SLACK_NS;
+        Loop *due = NULL;
+        for (Py_ssize_t k = 0; k < E.nloops; k++) {
+            Loop *loop = E.loops[k];
+            if (loop->busy)
+                continue;
+            if (loop->stopping) {
+                finish(loop, RUN_STOPPED);
+                k--; /* the last run took its place */
+                continue;
+            }
+            long long requested = __atomic_exchange_n(&loop->pending_interval_ns, 0, __ATOMIC_ACQ_REL);
+            if (requested > 0)
+                schedule(loop, now, requested);
+            if (slack_of(loop) < want)
+                want = slack_of(loop);
+            if (loop->deadline_ns < earliest) {
+                other = earliest;
+                earliest = loop->deadline_ns;
+                due = loop;
+            } else if (loop->deadline_ns < other)
+                other = loop->deadline_ns;
+        }
+        if (due == NULL || earliest > now) { /* sleep until the earliest deadline, or until woken */
+            unsigned seen = __atomic_load_n(&E.wake_word, __ATOMIC_ACQUIRE);
+            arm(0);
+            pthread_mutex_unlock(&E.mutex);
+            if (want != slack) /* the kernel may wake the leader this late: probes due close together share it */
+                prctl(PR_SET_TIMERSLACK, (unsigned long)(slack = want), 0, 0, 0);
+            struct timespec until = {earliest / 1000000000LL, earliest % 1000000000LL};
+            syscall(SYS_futex, &E.wake_word, FUTEX_WAIT_BITSET | FUTEX_PRIVATE_FLAG, seen,
+                    earliest == LLONG_MAX ? NULL : &until, NULL, FUTEX_BITSET_MATCH_ANY);
+            pthread_mutex_lock(&E.mutex);
+            continue;
+        }
+        /* The request: the next probe due may wait for it up to the grace, then the watcher takes over. */
+        long long grace = want > MIN_GRACE_NS ? want : MIN_GRACE_NS;
+        arm(other == LLONG_MAX ? 0 : (other > now ? other : now) + grace);
+        due->busy = 1;
+        E.in_request = 1;
+        Py_ssize_t index = due->next;
+        long long offset = due->offsets[index];
+        int fd = due->fd, error = 0;
+        ssize_t moved = 0;
+        pthread_mutex_unlock(&E.mutex);
+        int status = request_one(due, offset, fd, index, &error, &moved);
+        pthread_mutex_lock(&E.mutex);
+        settle(due, status, error, moved);
+        if (E.generation != generation)
+            return; /* displaced while in the request */
+        E.in_request = 0;
+    }
+}
+
+static void *engine_thread(void *unused);
+
+static int spawn(void) { /* engine mutex held */
+    pthread_attr_t attr;
+    pthread_t thread;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, 64 * 1024); /* no Python runs on it; a request's frames are small */
+    int failed = pthread_create(&thread, &attr, engine_thread, NULL);
+    pthread_attr_destroy(&attr);
+    if (!failed)
+        E.threads++;
+    return failed;
+}
+
+/* The watcher's wait (engine mutex held): returns, mutex held, when it has taken over and led until displaced. */
+static void watch(void) {
+    E.has_watcher = 1;
+    for (;;) {
+        pthread_mutex_unlock(&E.mutex);
+        uint64_t expirations;
+        ssize_t got = read(E.timerfd, &expirations, sizeof(expirations));
+        pthread_mutex_lock(&E.mutex);
+        if (got != (ssize_t)sizeof(expirations) || !E.in_request || E.armed_ns == 0 || now_ns() < E.armed_ns)
+            continue; /* a stale expiry (the request came back), or interrupted */
+        E.generation++; /* the leader, still in its request, is displaced */
+        E.takeovers++;
+        E.in_request = 0;
+        E.armed_ns = 0; /* it fired */
+        E.has_watcher = 0;
+        if (E.parked > 0) { /* a spare becomes the new watcher; else a new thread */
+            __atomic_add_fetch(&E.park_word, 1, __ATOMIC_RELEASE);
+            syscall(SYS_futex, &E.park_word, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, NULL, NULL, 0);
+        } else
+            spawn(); /* if that fails, the displaced leader watches when its request returns */
+        lead();
+        return;
+    }
+}
+
+static void *engine_thread(void *unused) {
+    (void)unused;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* Python's signals go to its own threads */
+    prctl(PR_SET_NAME, (unsigned long)"vp probes", 0, 0, 0);
+    pthread_mutex_lock(&E.mutex);
+    for (;;) {
+        if (!E.has_leader) {
+            E.has_leader = 1;
+            lead();
+        } else if (!E.has_watcher)
+            watch();
+        else if (E.parked < MAX_PARKED) { /* a displaced leader whose request came back: a spare */
+            unsigned seen = __atomic_load_n(&E.park_word, __ATOMIC_ACQUIRE);
+            E.parked++;
+            pthread_mutex_unlock(&E.mutex);
+            syscall(SYS_futex, &E.park_word, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, seen, NULL, NULL, 0);
+            pthread_mutex_lock(&E.mutex);
+            E.parked--;
+        } else
+            break;
+    }
+    E.threads--;
+    pthread_mutex_unlock(&E.mutex);
+    return NULL;
+}
+
+static int engine_ready(void) { /* engine mutex held: the first run starts the leader and the watcher */
+    if (!E.started && !E.failed) {
+        E.timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
+        if (E.timerfd < 0 || spawn() != 0 || spawn() != 0)
+            E.failed = 1; /* a thread that did start leads, and only the runs in progress so far use it */
+        E.started = 1;
+    }
+    return E.started && !E.failed;
 }
 
 static PyObject *Loop_set_interval(Loop *self, PyObject *args) {
@@ -286,19 +579,78 @@ static PyObject *Loop_set_interval(Loop *self, PyObject *args) {
         return NULL;
     __atomic_store_n(&self->pending_interval_ns, interval > 0 ? interval : 1, __ATOMIC_RELEASE);
     wake(self);
+    if (self->engine) {
+        __atomic_add_fetch(&E.wake_word, 1, __ATOMIC_RELEASE);
+        futex_wake_all(&E.wake_word);
+    }
     Py_RETURN_NONE;
 }
 
 static PyObject *Loop_stop(Loop *self, PyObject *unused) {
     __atomic_store_n(&self->stopping, 1, __ATOMIC_RELEASE);
     wake(self);
+    if (self->engine) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&E.mutex);
+        if (self->listed && !self->busy) /* a request in flight ends the run when it returns */
+            finish(self, RUN_STOPPED);
+        pthread_mutex_unlock(&E.mutex);
+        Py_END_ALLOW_THREADS
+    }
     Py_RETURN_NONE;
+}
+
+/* The run by the engine (GIL released): listed, then waited for. 1 if it ran, 0 if the engine is not there. */
+static int run_by_engine(Loop *self, const long long *offsets, Py_ssize_t n, int fd) {
+    pthread_mutex_lock(&E.mutex);
+    if (!engine_ready()) {
+        pthread_mutex_unlock(&E.mutex);
+        return 0;
+    }
+    if (E.nloops == E.capacity) {
+        Py_ssize_t capacity = E.capacity ? 2 * E.capacity : 64;
+        Loop **loops = realloc(E.loops, (size_t)capacity * sizeof(Loop *));
+        if (loops == NULL) {
+            pthread_mutex_unlock(&E.mutex);
+            return 0;
+        }
+        E.loops = loops;
+        E.capacity = capacity;
+    }
+    self->offsets = offsets;
+    self->count = n;
+    self->next = 0;
+    self->fd = fd;
+    self->status = RUN_DONE;
+    self->error = 0;
+    self->moved = 0;
+    self->busy = 0;
+    __atomic_store_n(&self->done_word, 0, __ATOMIC_RELEASE);
+    if (self->stopping)
+        self->status = RUN_STOPPED;
+    else if (n > 0) {
+        E.loops[E.nloops++] = self;
+        self->listed = 1;
+        long long grace = slack_of(self) > MIN_GRACE_NS ? slack_of(self) : MIN_GRACE_NS;
+        if (E.in_request && (E.armed_ns == 0 || self->deadline_ns + grace < E.armed_ns))
+            arm(self->deadline_ns + grace); /* the leader is in a request: the watchdog serves this run too */
+        __atomic_add_fetch(&E.wake_word, 1, __ATOMIC_RELEASE);
+        futex_wake_all(&E.wake_word);
+    }
+    pthread_mutex_unlock(&E.mutex);
+    if (self->status == RUN_STOPPED || n == 0)
+        return 1;
+    while (!__atomic_load_n(&self->done_word, __ATOMIC_ACQUIRE))
+        syscall(SYS_futex, &self->done_word, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, 0, NULL, NULL, 0);
+    pthread_mutex_lock(&E.mutex); /* finish() is done with the loop once the mutex is free */
+    pthread_mutex_unlock(&E.mutex);
+    return 1;
 }
 
 /* run(offsets, fd) -> (done, status, errno, bytes). offsets: a buffer of int64 byte offsets; fd: a descriptor
  * to use, or -1 to open the path for each request. done is the number of requests that succeeded; on a
  * failure, offsets[done] is the one that failed (status RUN_OPEN_FAILED, RUN_IO_FAILED with errno, or
- * RUN_SHORT with the bytes transferred). */
+ * RUN_SHORT with the bytes transferred). With the engine, its threads make the requests; without, this one. */
 static PyObject *Loop_run(Loop *self, PyObject *args) {
     Py_buffer offsets;
     int fd;
@@ -329,57 +681,36 @@ static PyObject *Loop_run(Loop *self, PyObject *args) {
     pthread_mutex_unlock(&self->mutex);
 
     const long long *at = (const long long *)offsets.buf;
-    volatile long long *marker = (volatile long long *)self->inflight.buf;
-    size_t size = (size_t)self->buffer.len;
     Py_ssize_t i = 0;
-    int status = RUN_DONE, error = 0;
+    int status = RUN_DONE, error = 0, engined = 0;
     ssize_t moved = 0;
     Py_BEGIN_ALLOW_THREADS
-    for (; i < n; i++) {
+    if (self->engine && (engined = run_by_engine(self, at, n, fd))) {
+        i = self->next;
+        status = self->status;
+        error = self->error;
+        moved = self->moved;
+    }
+    for (; !engined && i < n; i++) {
         if (wait_deadline(self)) {
             status = RUN_STOPPED;
             break;
         }
-        if (self->writes)
-            stamp(self);
-        int use = fd;
-        if (fd < 0 && (use = open(self->path, self->flags | O_CLOEXEC)) < 0) {
-            status = RUN_OPEN_FAILED;
-            error = errno;
+        if ((status = request_one(self, at[i], fd, i, &error, &moved)) != RUN_DONE)
             break;
-        }
-        struct timespec start, end;
-        long long steps[MAX_STEPS] = {0};
-        clock_gettime(CLOCK_MONOTONIC, &start);
-        *marker = ns(&start);
-        moved = self->request(use, self->buffer.buf, size, at[i], steps);
-        clock_gettime(CLOCK_MONOTONIC, &end);
-        *marker = 0;
-        if (moved < 0)
-            error = errno;
-        if (fd < 0)
-            close(use);
-        if (moved < 0 || (size_t)moved != size) {
-            status = moved < 0 ? RUN_IO_FAILED : RUN_SHORT;
-            break;
-        }
-        int zero = !self->writes && all_zero(self->buffer.buf, self->buffer.len);
-        pthread_mutex_lock(&self->mutex);
-        self->latency_ns[i] = ns(&end) - ns(&start);
-        self->end_ns[i] = ns(&end);
-        self->zero[i] = (unsigned char)zero;
-        for (int k = 0; k < self->nsteps; k++)
-            self->step_ns[k] += steps[k];
-        self->produced = i + 1;
-        pthread_mutex_unlock(&self->mutex);
-        __atomic_add_fetch(&self->completed, 1, __ATOMIC_RELAXED);
-        if (zero)
-            __atomic_add_fetch(&self->zero_reads, 1, __ATOMIC_RELAXED);
         advance(self, now_ns());
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&offsets);
     return Py_BuildValue("(niin)", i, status, error, (Py_ssize_t)(moved < 0 ? 0 : moved));
+}
+
+/* engine() -> (threads, take-overs, runs in progress): for tests and the curious. */
+static PyObject *engine_stats(PyObject *module, PyObject *unused) {
+    pthread_mutex_lock(&E.mutex);
+    PyObject *stats = Py_BuildValue("(LLn)", E.threads, E.takeovers, E.nloops);
+    pthread_mutex_unlock(&E.mutex);
+    return stats;
 }
 
 /* take() -> [(index, latency_ns, end_ns, zero)]: the results of the current run not taken yet. */
@@ -468,12 +799,15 @@ static PyTypeObject LoopType = {
 };
 
 static PyMethodDef methods[] = {
+    {"engine", engine_stats, METH_NOARGS, "engine() -> (threads, take-overs, runs in progress)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_timedio", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__timedio(void) {
+    if (syscall(SYS_getrandom, &shared_seed, sizeof(shared_seed), 0) != (long)sizeof(shared_seed))
+        shared_seed = (uint64_t)now_ns() * 0x9E3779B97F4A7C15ULL;
     if (PyType_Ready(&LoopType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);

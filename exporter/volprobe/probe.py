@@ -1,4 +1,4 @@
-"""The probe engine: one thread per probe, one synchronous O_DIRECT request at a time, paced by deadline.
+"""The probes: a worker per probe, one synchronous O_DIRECT request at a time, paced by deadline.
 
 Only the syscall sits between the two clock reads. Everything else a probe needs (choosing the offset,
 stamping the write buffer, checking a read for zeros, recording the sample) happens outside them.
@@ -8,7 +8,9 @@ or in Python without the C module), which paces, stamps, issues, times and check
 every failure the same way whichever timer ran (count, back off, let go of a worthless descriptor, reopen
 through every check), and scrapes move the timer's results into the statistics (drained()). With the C timer
 Python wakes per batch and per failure, not per probe: woken cold for each probe it cost about twice the
-probe's own syscalls (BENCHMARKS.md, cpu). `volprobe ping` runs the same worker, one probe a batch.
+probe's own syscalls (BENCHMARKS.md, cpu). The C timer's requests are made by the process's probe engine
+(_timedio.c), one thread for every probe, while the worker's thread sleeps in run(). `volprobe ping` runs the
+same worker, one probe a batch.
 """
 
 from __future__ import annotations
@@ -302,7 +304,11 @@ class ProbeIO:
         # A probe that keeps nothing is paced by its worker, which opens just before the slot: its timer's own
         # slot is then due at once, without jitter (the worker's pacer has it).
         jitter = spec.jitter if io.keep else 0.0
-        self.timer = timer.new(io.path, io.flags, self.buffer, self._inflight, spec.kind, jitter, rng.getrandbits(64))
+        # The process's probe engine makes the requests of a probe that keeps its slot (timer.py); one that keeps
+        # nothing wakes its worker for each probe anyway, which then makes the request itself.
+        seed = rng.getrandbits(64)
+        self.timer = timer.new(io.path, io.flags, self.buffer, self._inflight, spec.kind, jitter, seed, io.keep)
+        self.engine = io.keep and not isinstance(self.timer, timer.PythonTimer)
         # Writes keep their descriptor (a raw device's O_EXCL keeps others out while volprobe writes; a probe
         # file is ours). Reads open the device for each request unless told to hold it: holding it open between
         # probes would stop an administrator from detaching a loop device or removing a dm, md or zram device.
@@ -601,7 +607,8 @@ class ProbeWorker:
                     continue
             batch = self._take_batch(picker)
             slack = min(MAX_TIMER_SLACK_NS, int(self._interval_ns() * TIMER_SLACK_SHARE))
-            if slack != self._timer_slack_ns:  # the probe's own thread, where the timer sleeps
+            # The Python timer sleeps in this thread (the engine sets its own thread's slack, the same way)
+            if not probe.engine and slack != self._timer_slack_ns:
                 set_timer_slack(slack)
                 self._timer_slack_ns = slack
             self.drain()

@@ -4,6 +4,8 @@ One interface (Timer), two implementations, chosen once, at import:
 - _timedio.Loop (_timedio.c), the fast path: run() does a whole batch of offsets without the interpreter
   (wait for the slot, stamp, open, the timed request, close, the zero check, the pacing). A paced probe's cost
   is its wake-up: Python woken cold once a second spends about 200 us of CPU where the C loop spends its syscalls.
+  By default the process's probe engine makes the requests of every Loop's run, in one thread that wakes once
+  for the probes due together (see _timedio.c, Engine); the caller's thread sleeps until the run ends.
 - PythonTimer, the fallback where the C module could not be built: the same steps in Python, one offset a run
   (the interpreter wakes for each probe anyway).
 
@@ -157,15 +159,25 @@ STEPPED = frozenset({"metadata"})
 
 
 def new(
-    path: str, flags: int, buffer: mmap.mmap, inflight: array.array[int], op: ops.Op, jitter: float, seed: int
+    path: str,
+    flags: int,
+    buffer: mmap.mmap,
+    inflight: array.array[int],
+    op: ops.Op,
+    jitter: float,
+    seed: int,
+    engine: bool = True,
 ) -> Timer:
     """The timer of one probe: buffer is its page-aligned request buffer (a write's is filled with random
     bytes here, and stamped before each request), inflight an array('q', [0]) that holds the start of the
-    request in flight, for scrapes. The C timer when it was built, else the Python one."""
+    request in flight, for scrapes. The C timer when it was built, else the Python one. engine: the C timer's
+    requests are made by the process's probe engine (_timedio.c), not by the thread that calls run()."""
     counter = WriteData(buffer).counter if op.writes else 0
     steps = len(op.steps)
     if _timedio is not None:
-        loop: Timer = _timedio.Loop(path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter, steps)
+        loop: Timer = _timedio.Loop(
+            path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter, steps, engine
+        )
         return loop
     return PythonTimer(path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter, steps)
 

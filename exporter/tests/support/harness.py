@@ -67,6 +67,30 @@ def descriptors_on(path: str, pid: int | str = "self") -> int:
     return count
 
 
+# The probe engine's threads (_timedio.c): its leader and watcher, one more for each request stalled past its grace,
+# and up to two spares kept from earlier stalls (MAX_PARKED). Started at the first probe, never ended.
+ENGINE_THREAD = "vp probes"
+ENGINE_MOST_IDLE = 4  # leader, watcher and two spares, with no request stalled
+
+
+def thread_names(pid: int) -> list[str]:
+    """The names (comm) of a process's threads; those that ended while being listed are left out."""
+    names = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            names.append((task / "comm").read_text().strip())
+    return names
+
+
+def threads(pid: int) -> int:
+    """A process's threads but the probe engine's, whose number depends on past stalls, not on what runs now."""
+    return sum(name != ENGINE_THREAD for name in thread_names(pid))
+
+
+def engine_threads(pid: int) -> int:
+    return thread_names(pid).count(ENGINE_THREAD)
+
+
 def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "", every: float = 0.005) -> float:
     """Poll `condition` every `every` seconds until it holds; the monotonic time it was first seen to hold."""
     deadline = time.monotonic() + timeout
