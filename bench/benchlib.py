@@ -324,13 +324,15 @@ def sum_distribution(a: Mapping[float, float], b: Mapping[float, float], total: 
 # -- the exporter ---------------------------------------------------------------------------------------
 
 
-def start_exporter(config_text: str, directory: Path | None = None) -> RunningExporter:
-    """The real `volprobe` process on a loopback port, with this configuration; its files (configuration, log) in
-    `directory`, or a fresh temporary one. RunningExporter: get(), value(name, **labels), cpu_seconds(),
-    rss_bytes(), stop()."""
+def start_exporter(
+    config_text: str, directory: Path | None = None, env: dict[str, str] | None = None
+) -> RunningExporter:
+    """The real `volprobe` process on a loopback port, with this configuration (and `env` added to the
+    environment); its files (configuration, log) in `directory`, or a fresh temporary one. RunningExporter: get(),
+    value(name, **labels), cpu_seconds(), rss_bytes(), stop()."""
     directory = directory or Path(tempfile.mkdtemp(prefix="volprobe-bench-"))
     config = harness.write_config(directory, config_text)
-    return harness.start_volprobe("--config", config, log_path=directory / "log")
+    return harness.start_volprobe("--config", config, log_path=directory / "log", env=env)
 
 
 # -- CPU and memory of processes, from /proc ---------------------------------------------------------------

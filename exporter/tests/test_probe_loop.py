@@ -20,10 +20,14 @@ from .support.harness import MIB, descriptors_on
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture(params=["c", "python"])
+@pytest.fixture(params=["c", "c-thread", "python"])
 def loop_kind(request, monkeypatch) -> str:
-    if request.param == "c" and timer._timedio is None:
+    """The C timer through the probe engine, the C timer in the probe's own thread (as a probe that keeps nothing
+    open runs it), and the Python timer."""
+    if request.param.startswith("c") and timer._timedio is None:
         pytest.skip(f"the C timer is not in use (${timer.TEST_TIMER_ENV})")
+    if request.param == "c-thread":
+        monkeypatch.setattr(timer, "_ENGINE", False)
     if request.param == "python":
         monkeypatch.setattr(timer, "_timedio", None)
     return request.param
@@ -78,6 +82,7 @@ def test_paced_reads_are_counted_recorded_and_flagged_zero(make_loop, loop_kind)
     interval = 0.02
     w = worker(make_loop(16 * MIB), "read", interval)
     assert isinstance(w.timer, timer.PythonTimer) == (loop_kind == "python")
+    assert w.probe.engine == (loop_kind == "c")
     started = time.monotonic()
     w.start()
     # Slot 0 is at the start, slot k k intervals later: the 50th probe can come no sooner than 49 intervals in,
@@ -146,7 +151,7 @@ def test_a_worker_lets_the_kernel_wake_it_a_hundredth_of_its_interval_late(make_
     w.start()
     try:
         first_time(lambda: w.completed >= 1, timeout=10.0)  # the first batch is under way: the slack is set
-        if loop_kind == "python":
+        if loop_kind != "c":  # the worker's own thread sleeps
             assert int(Path(f"/proc/{w._thread.native_id}/timerslack_ns").read_text()) == slack_ns
         else:  # the leader sets it before it sleeps again (the watcher sleeps on its timer, without slack)
             first_time(lambda: slack_ns in engine_slacks().values(), timeout=5.0)

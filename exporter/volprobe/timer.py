@@ -13,7 +13,8 @@ A run returns at the end of its offsets, at stop, or at the first failure; the w
 handles failures, back-off and reopens for both. The request of each kind of probe is named by ops.py's
 `syscall` and found in REQUESTS, here and in _timedio.c.
 
-Test hook: with $VOLPROBE_TEST_TIMER=python the Python timer is used even where the C module was built.
+Test hooks: with $VOLPROBE_TEST_TIMER=python the Python timer is used even where the C module was built; with
+$VOLPROBE_TEST_TIMER=thread the C timer makes each probe's requests in the probe's own thread, without the engine.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ except ImportError:
 TEST_TIMER_ENV = "VOLPROBE_TEST_TIMER"
 if os.environ.get(TEST_TIMER_ENV) == "python":
     _timedio = None  # type: ignore[assignment]
+# $VOLPROBE_TEST_TIMER=thread: the C timer without the engine, each probe's requests made by its own thread, as
+# before the engine (bench/fidelity --engine compares the two).
+_ENGINE = os.environ.get(TEST_TIMER_ENV) != "thread"
 
 KIND = "c" if _timedio is not None else "python"  # volprobe_build_info{timer}
 SECTOR = 512
@@ -176,7 +180,7 @@ def new(
     steps = len(op.steps)
     if _timedio is not None:
         loop: Timer = _timedio.Loop(
-            path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter, steps, engine
+            path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter, steps, engine and _ENGINE
         )
         return loop
     return PythonTimer(path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter, steps)
