@@ -8,9 +8,19 @@ import time
 import pytest
 from lab import lab
 
-from volprobe.stats import RELATIVE_ERROR
+from volprobe import probe, timer
+from volprobe.config import ProbeConfig
+from volprobe.stats import RELATIVE_ERROR, ProbeStats
 
-from .support.harness import MIB, engine_threads, probes_done, sample_value, write_config
+from .support.harness import (
+    ENGINE_MOST_IDLE,
+    MIB,
+    engine_threads,
+    probes_done,
+    sample_value,
+    wait_until,
+    write_config,
+)
 
 pytestmark = pytest.mark.root
 
@@ -35,7 +45,9 @@ targets:
     exporter = start_exporter("--config", config)
     pid = exporter.process.pid
     exporter.wait_for(lambda s: probes_done(s, "stalling") >= 5, what="probes on the stalling volume")
-    assert engine_threads(pid) == 2, "the probe engine: its leader and its watcher"
+    # The probe engine: its leader and watcher, and up to two spares if a request outlived its grace already.
+    idle_engine = engine_threads(pid)
+    assert 2 <= idle_engine <= ENGINE_MOST_IDLE
     stall_started = time.monotonic()
     stalling.set(stall=True)
     samples = exporter.wait_for(
@@ -52,8 +64,9 @@ targets:
         # The in-flight age follows the stall: the hung probe was issued at most one slot after it began.
         age = sample_value(samples, "volprobe_probe_inflight_seconds", target="stalling", op="read")
         assert start - stall_started - 1.0 <= age <= time.monotonic() - stall_started, age
-        # The engine's leader is stuck in that request: its watcher took over, and a new one waits.
-        assert engine_threads(pid) == 3
+        # The engine's leader is stuck in that request: its watcher took over, and a spare or a new thread
+        # watches. One thread more than idle at most, whatever the stall's length.
+        assert engine_threads(pid) <= max(idle_engine, 3)
         time.sleep(0.5)
     assert slowest < 1.0, f"a scrape took {slowest:.2f}s while a device was stalled"
     # The other probe kept its schedule: no slot of it was late by a whole interval (none missed).
@@ -68,8 +81,8 @@ targets:
         lambda s: probes_done(s, "stalling") > stalled_count, what="the stalled probe to finish"
     )
     assert sample_value(samples, "volprobe_probe_inflight_seconds", target="stalling", op="read") < 1
-    # The thread that was stuck recorded its request and waits as a spare for the next stall: no thread more.
-    assert engine_threads(pid) == 3
+    # The thread that was stuck recorded its request and waits as a spare for the next stall, or ends.
+    assert engine_threads(pid) <= ENGINE_MOST_IDLE
 
     # The stalled probe is recorded with its true latency: above 5 s, and no longer than the stall lasted (a loaded
     # machine stretches the stall beyond the scrapes' minute). The slots it held were missed.
@@ -96,6 +109,43 @@ targets:
     exporter.wait_for(lambda s: probes_done(s, "stalling") >= resumed + 20, what="20 probes after the release")
     assert time.monotonic() - started >= (20 - 3) * 0.1, "20 probes at 10/s take about 2 s, not a burst"
     assert exporter.stop() == 0
+
+
+def test_a_stalled_request_that_returns_when_nothing_else_is_probed_is_followed_by_the_next(lab_volume, make_loop):
+    """The probe engine, in this process: a request stalls, the watcher takes over while another probe is due,
+    that other probe stops, so the stalled one is the only run left, busy. When its request returns, its run goes
+    on at its next slot: the thread that made the request wakes the leader, which had nothing to wait for."""
+    if timer._timedio is None:
+        pytest.skip("no C timer")
+    stalling = lab_volume(size=16 * MIB, read_latency=0.0005)
+    spec = ProbeConfig("read", 4096, interval=0.1, revisit=0.0, jitter=0.0)
+    workers = {
+        name: probe.ProbeWorker(spec, probe.IOTarget(path, os.O_RDONLY | os.O_DIRECT, 0, 16 * MIB), ProbeStats(60.0))
+        for name, path in (("stalling", stalling.device), ("other", make_loop(16 * MIB)))
+    }
+    assert all(w.probe.engine for w in workers.values())
+    for w in workers.values():
+        w.start()
+    stalled = workers["stalling"]
+    try:
+        wait_until(lambda: stalled.completed >= 3, what="probes before the stall")
+        stalling.set(stall=True)
+        wait_until(lambda: stalled.inflight_seconds() > 0.5, what="a stalled request")
+        other = workers.pop("other")
+        before = other.completed
+        wait_until(lambda: other.completed > before + 2, what="the other probe going on meanwhile")
+        other.stop()
+        assert other.join(2.0)
+        other.close()
+        stalling.set(stall=False)
+        done = stalled.completed
+        wait_until(lambda: stalled.completed >= done + 5, timeout=5, what="the probe after its stall")
+    finally:
+        stalling.set(stall=False)
+        for w in workers.values():
+            w.stop()
+            assert w.join(5.0)
+            w.close()
 
 
 def test_io_errors_are_counted_by_errno_and_probing_recovers(tmp_path, lab_volume, start_exporter):

@@ -125,6 +125,17 @@ def test_writes_carry_a_never_repeating_stamp_in_every_sector(make_loop, loop_ki
     assert len(set(stamps)) == len(stamps) and max(stamps) - min(stamps) == len(stamps) - 1
 
 
+def test_a_run_ends_at_its_slot_and_the_next_one_starts_at_the_next(make_loop, loop_kind):
+    """A run of one offset at a time (as `volprobe ping` gives): each is due a whole interval after the last."""
+    interval = 0.1
+    w = worker(make_loop(16 * MIB), "read", interval)
+    w.max_batch = 1
+    started = time.monotonic()
+    run_for(w, 1.5)
+    elapsed = time.monotonic() - started
+    assert 0.5 * elapsed / interval <= w.completed <= elapsed / interval + 2, (w.completed, elapsed)
+
+
 def test_stop_and_slow_down_apply_at_once_during_a_long_wait(make_loop, loop_kind):
     w = worker(make_loop(16 * MIB), "read", 30.0)
     w.start()

@@ -387,6 +387,7 @@ static struct {
     int timerfd, started, failed;      /* failed: the threads could not be started (run() then makes its own) */
     unsigned long long generation;     /* bumped at each take-over: a thread leads while its copy matches */
     int has_leader, has_watcher, in_request;
+    int need_watcher;                  /* a take-over could not start a new watcher */
     int parked;                        /* spare threads, waiting on park_word for the next take-over */
     unsigned park_word;
     long long armed_ns;                /* when the watchdog fires (CLOCK_MONOTONIC), 0 when disarmed */
@@ -428,19 +429,22 @@ static void settle(Loop *self, int status, int error, ssize_t moved) {
         return;
     }
     self->next++;
+    advance(self, now_ns()); /* to its next slot, as the loop without the engine does after every request */
     if (self->next == self->count)
         finish(self, RUN_DONE);
     else if (self->stopping)
         finish(self, RUN_STOPPED);
-    else
-        advance(self, now_ns());
 }
+
+static int spawn(void);
 
 /* The leader's loop (engine mutex held); returns, mutex held, once another thread took over. */
 static void lead(void) {
     unsigned long long generation = E.generation;
     long long slack = -1;
     for (;;) {
+        /* read before the scan: a set_interval() or a run listed after it makes the sleep below return at once */
+        unsigned seen = __atomic_load_n(&E.wake_word, __ATOMIC_ACQUIRE);
         long long now = now_ns(), earliest = LLONG_MAX, other = LLONG_MAX, want = MAX_SLACK_NS;
         Loop *due = NULL;
         for (Py_ssize_t k = 0; k < E.nloops; k++) {
@@ -465,7 +469,6 @@ static void lead(void) {
                 other = loop->deadline_ns;
         }
         if (due == NULL || earliest > now) { /* sleep until the earliest deadline, or until woken */
-            unsigned seen = __atomic_load_n(&E.wake_word, __ATOMIC_ACQUIRE);
             arm(0);
             pthread_mutex_unlock(&E.mutex);
             if (want != slack) /* the kernel may wake the leader this late: probes due close together share it */
@@ -477,6 +480,8 @@ static void lead(void) {
             continue;
         }
         /* The request: the next probe due may wait for it up to the grace, then the watcher takes over. */
+        if (E.need_watcher && spawn() == 0) /* none could be started at the last take-over: try again */
+            E.need_watcher = 0;
         long long grace = want > MIN_GRACE_NS ? want : MIN_GRACE_NS;
         arm(other == LLONG_MAX ? 0 : (other > now ? other : now) + grace);
         due->busy = 1;
@@ -489,8 +494,11 @@ static void lead(void) {
         int status = request_one(due, offset, fd, index, &error, &moved);
         pthread_mutex_lock(&E.mutex);
         settle(due, status, error, moved);
-        if (E.generation != generation)
-            return; /* displaced while in the request */
+        if (E.generation != generation) { /* displaced while in the request: the leader serves its loop again */
+            __atomic_add_fetch(&E.wake_word, 1, __ATOMIC_RELEASE);
+            futex_wake_all(&E.wake_word);
+            return;
+        }
         E.in_request = 0;
     }
 }
@@ -500,11 +508,15 @@ static void *engine_thread(void *unused);
 static int spawn(void) { /* engine mutex held */
     pthread_attr_t attr;
     pthread_t thread;
-    pthread_attr_init(&attr);
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &saved); /* the new thread is born with every signal blocked: */
+    pthread_attr_init(&attr);                   /* Python's signals go to Python's threads */
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&attr, 64 * 1024); /* no Python runs on it; a request's frames are small */
     int failed = pthread_create(&thread, &attr, engine_thread, NULL);
     pthread_attr_destroy(&attr);
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
     if (!failed)
         E.threads++;
     return failed;
@@ -513,6 +525,7 @@ static int spawn(void) { /* engine mutex held */
 /* The watcher's wait (engine mutex held): returns, mutex held, when it has taken over and led until displaced. */
 static void watch(void) {
     E.has_watcher = 1;
+    E.need_watcher = 0;
     for (;;) {
         pthread_mutex_unlock(&E.mutex);
         uint64_t expirations;
@@ -528,8 +541,8 @@ static void watch(void) {
         if (E.parked > 0) { /* a spare becomes the new watcher; else a new thread */
             __atomic_add_fetch(&E.park_word, 1, __ATOMIC_RELEASE);
             syscall(SYS_futex, &E.park_word, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, NULL, NULL, 0);
-        } else
-            spawn(); /* if that fails, the displaced leader watches when its request returns */
+        } else if (spawn() != 0)
+            E.need_watcher = 1; /* the leader tries again before its next request (or a displaced one watches) */
         lead();
         return;
     }
@@ -537,9 +550,6 @@ static void watch(void) {
 
 static void *engine_thread(void *unused) {
     (void)unused;
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL); /* Python's signals go to its own threads */
     prctl(PR_SET_NAME, (unsigned long)"vp probes", 0, 0, 0);
     pthread_mutex_lock(&E.mutex);
     for (;;) {
@@ -631,9 +641,10 @@ static int run_by_engine(Loop *self, const long long *offsets, Py_ssize_t n, int
     else if (n > 0) {
         E.loops[E.nloops++] = self;
         self->listed = 1;
-        long long grace = slack_of(self) > MIN_GRACE_NS ? slack_of(self) : MIN_GRACE_NS;
-        if (E.in_request && (E.armed_ns == 0 || self->deadline_ns + grace < E.armed_ns))
-            arm(self->deadline_ns + grace); /* the leader is in a request: the watchdog serves this run too */
+        long long grace = slack_of(self) > MIN_GRACE_NS ? slack_of(self) : MIN_GRACE_NS, now = now_ns();
+        long long at = (self->deadline_ns > now ? self->deadline_ns : now) + grace;
+        if (E.in_request && (E.armed_ns == 0 || at < E.armed_ns))
+            arm(at); /* the leader is in a request: the watchdog serves this run too */
         __atomic_add_fetch(&E.wake_word, 1, __ATOMIC_RELEASE);
         futex_wake_all(&E.wake_word);
     }
