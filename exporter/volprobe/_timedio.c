@@ -759,6 +759,7 @@ static PyObject *Loop_completed(Loop *self, void *closure) { return PyLong_FromL
 static PyObject *Loop_missed(Loop *self, void *closure) { return PyLong_FromLongLong(self->missed); }
 static PyObject *Loop_zero_reads(Loop *self, void *closure) { return PyLong_FromLongLong(self->zero_reads); }
 static PyObject *Loop_deadline(Loop *self, void *closure) { return PyLong_FromLongLong(self->deadline_ns); }
+static PyObject *Loop_engine(Loop *self, void *closure) { return PyBool_FromLong(self->engine); }
 static PyObject *Loop_max_batch(Loop *self, void *closure) { return PyLong_FromSsize_t(PY_SSIZE_T_MAX); }
 static PyObject *Loop_steps(Loop *self, void *closure) {
     long long taken[MAX_STEPS];
@@ -783,6 +784,7 @@ static PyGetSetDef Loop_getset[] = {
     {"missed", (getter)Loop_missed, NULL, "slots skipped because the previous request was still running", NULL},
     {"zero_reads", (getter)Loop_zero_reads, NULL, "reads that returned only zeros", NULL},
     {"deadline_ns", (getter)Loop_deadline, NULL, "when the next request is due (CLOCK_MONOTONIC)", NULL},
+    {"engine", (getter)Loop_engine, NULL, "whether the probe engine makes the requests of run()", NULL},
     {"max_batch", (getter)Loop_max_batch, NULL, "the most offsets worth giving one run(): no limit", NULL},
     {"steps", (getter)Loop_steps, NULL, "nanoseconds in each step of the successful requests take() returned", NULL},
     {NULL},

@@ -308,7 +308,7 @@ class ProbeIO:
         # nothing wakes its worker for each probe anyway, which then makes the request itself.
         seed = rng.getrandbits(64)
         self.timer = timer.new(io.path, io.flags, self.buffer, self._inflight, spec.kind, jitter, seed, io.keep)
-        self.engine = io.keep and timer._ENGINE and not isinstance(self.timer, timer.PythonTimer)
+        self.engine = self.timer.engine
         # Writes keep their descriptor (a raw device's O_EXCL keeps others out while volprobe writes; a probe
         # file is ours). Reads open the device for each request unless told to hold it: holding it open between
         # probes would stop an administrator from detaching a loop device or removing a dm, md or zram device.

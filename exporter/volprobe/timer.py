@@ -79,6 +79,11 @@ class Timer(Protocol):
         """Reads that returned only zeros."""
 
     @property
+    def engine(self) -> bool:
+        """Whether the process's probe engine makes run()'s requests (else the thread that calls it does, and
+        sleeps there until each slot)."""
+
+    @property
     def max_batch(self) -> int:
         """The most offsets worth giving one run()."""
 
@@ -243,6 +248,7 @@ class PythonTimer:
     interpreter."""
 
     max_batch = 1
+    engine = False
 
     def __init__(
         self,
