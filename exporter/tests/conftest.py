@@ -27,6 +27,8 @@ import pytest
 from lab.fuselab import fuse_directory  # noqa: F401 - fixture
 from lab.lab import clean_stale_test_volumes, lab_volume, latency_tests_first, loops_of_this_worker  # noqa: F401 - fixtures
 
+from volprobe import timer
+
 from .support import harness
 from .support.harness import MIB, RunningExporter, RunningPrometheus
 
@@ -82,6 +84,19 @@ def exporter_toolkit(tmp_path_factory) -> Path:
     with harness.locked(directory / "build.lock"):
         binary = directory / toolkit.BINARY
         return binary if binary.exists() else toolkit.build(directory)
+
+
+@pytest.fixture(params=["c", "c-thread", "python"])
+def loop_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The timer a ProbeWorker made in the test gets: the C timer through the probe engine, the C timer in the
+    probe's own thread (as a probe that keeps nothing open runs it), and the Python timer."""
+    if request.param.startswith("c") and timer._timedio is None:
+        pytest.skip(f"the C timer is not in use (${timer.TEST_TIMER_ENV})")
+    if request.param == "c-thread":
+        monkeypatch.setattr(timer, "_ENGINE", False)
+    if request.param == "python":
+        monkeypatch.setattr(timer, "_timedio", None)
+    return str(request.param)
 
 
 @pytest.fixture

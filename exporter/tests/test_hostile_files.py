@@ -11,18 +11,20 @@ import logging
 import os
 import subprocess
 import threading
+import time
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from volprobe import probefile, targets
-from volprobe.config import PROBE_FILE_NAME, load
+from volprobe import probe, probefile, targets
+from volprobe.config import PROBE_FILE_NAME, ProbeConfig, load
 from volprobe.discovery import Host
 from volprobe.safety import Refused
+from volprobe.stats import ProbeStats
 
 from .support.attacks import ATTACKER, SWAPS, prepared
-from .support.harness import MIB, probes_done, run, sample_value, sha256_of, write_config
+from .support.harness import MIB, probes_done, run, sample_value, sha256_of, wait_until, write_config
 
 pytestmark = pytest.mark.root
 
@@ -131,6 +133,61 @@ def test_a_hard_link_made_while_the_file_is_held_stops_the_writes(directory_targ
             io.verify(fd)
     finally:
         os.close(fd)
+
+
+def running_writes(io: probe.IOTarget) -> probe.ProbeWorker:
+    """A write probe every 20 ms on io. The C timer's batches (BATCH_S, at most MAX_BATCH probes) last about 10 s:
+    within one, only the timer's own re-check (HELD_RECHECK_S) looks at the held descriptor. The Python timer's
+    are one probe, before each of which the worker checks it (RECHECK_S)."""
+    spec = ProbeConfig("write", 4096, interval=0.02, jitter=0.0)
+    w = probe.ProbeWorker(spec, io, ProbeStats(60.0), name="t", seed=1)
+    assert w._batch_size() * 0.02 >= 10 or w.timer.max_batch == 1
+    w.start()
+    wait_until(lambda: w.completed >= 5, 10, "writes")
+    return w
+
+
+def stopped(w: probe.ProbeWorker) -> None:
+    w.stop()
+    assert w.join(5.0)
+    w.close()
+
+
+def test_a_hard_link_made_while_the_probe_runs_stops_its_writes_within_the_recheck(
+    directory_target, loop_kind, monkeypatch
+):
+    """Mid-batch: the timer compares the held descriptor with what the worker checked (its pin) before a write
+    once HELD_RECHECK_S passed, and ends the run on the change; the worker's full check refuses it."""
+    monkeypatch.setattr(probe, "HELD_RECHECK_S", 0.2)
+    _, io, data, _ = directory_target
+    w = running_writes(io)
+    try:
+        linked = time.monotonic()
+        os.link(data / PROBE_FILE_NAME, data / "grab")
+        refused = wait_until(lambda: w.error_counts().get("REFUSED", 0) >= 1, 10, "the refusal")
+        written = w.completed
+        assert refused - linked < 3, "the batch, not the re-check, found the link"
+        wait_until(lambda: w.error_counts()["REFUSED"] >= 2, 10, "the reopen")  # the next open refuses it too
+        assert w.completed == written, "a write after the refusal"
+        assert w.error_counts().keys() == {"REFUSED"}
+    finally:
+        stopped(w)
+
+
+def test_a_change_the_checks_accept_costs_a_recheck_not_an_error(directory_target, loop_kind, monkeypatch):
+    """A new mode and group on the probe file end the run at the re-check (the pin moved); checked again and
+    accepted, it is pinned anew and the writes go on, without an error."""
+    monkeypatch.setattr(probe, "HELD_RECHECK_S", 0.2)
+    _, io, data, _ = directory_target
+    w = running_writes(io)
+    try:
+        os.chmod(data / PROBE_FILE_NAME, 0o640)
+        os.chown(data / PROBE_FILE_NAME, -1, ATTACKER)
+        changed = w.completed
+        wait_until(lambda: w.completed >= changed + 50, 10, "writes")  # 1 s of writes: several re-checks
+        assert w.error_counts() == {}
+    finally:
+        stopped(w)
 
 
 def test_leftovers_that_are_fifos_or_symlinks_are_neither_opened_nor_removed(tmp_path, make_loop, mount_fs):

@@ -20,19 +20,6 @@ from .support.harness import MIB, descriptors_on
 pytestmark = pytest.mark.root
 
 
-@pytest.fixture(params=["c", "c-thread", "python"])
-def loop_kind(request, monkeypatch) -> str:
-    """The C timer through the probe engine, the C timer in the probe's own thread (as a probe that keeps nothing
-    open runs it), and the Python timer."""
-    if request.param.startswith("c") and timer._timedio is None:
-        pytest.skip(f"the C timer is not in use (${timer.TEST_TIMER_ENV})")
-    if request.param == "c-thread":
-        monkeypatch.setattr(timer, "_ENGINE", False)
-    if request.param == "python":
-        monkeypatch.setattr(timer, "_timedio", None)
-    return request.param
-
-
 def worker(
     path: str, op: str, interval: float, *, size: int = 16 * MIB, block: int = 4096, hold_open: bool = False
 ) -> probe.ProbeWorker:

@@ -19,10 +19,13 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <linux/fs.h>
 #include <linux/futex.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <fcntl.h>
@@ -116,7 +119,38 @@ static const struct {
 
 /* -- Loop --------------------------------------------------------------------------------------------- */
 
-enum { RUN_DONE, RUN_STOPPED, RUN_OPEN_FAILED, RUN_IO_FAILED, RUN_SHORT };
+enum { RUN_DONE, RUN_STOPPED, RUN_OPEN_FAILED, RUN_IO_FAILED, RUN_SHORT, RUN_CHANGED };
+
+/* What a held descriptor's safety checks (Python's, made on the descriptor) depend on and can change under it:
+ * its identity, type, mode and owner; a regular file's links and size; a block device's size. Not the times,
+ * which every write moves, nor a directory's size and links, which its own probe's files move. */
+typedef struct {
+    unsigned long long dev, ino, rdev, size;
+    unsigned long long mode, uid, gid, nlink;
+} Pin;
+
+static int fingerprint(int fd, Pin *pin) { /* 0, or -1 with errno */
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return -1;
+    memset(pin, 0, sizeof(*pin));
+    pin->dev = st.st_dev;
+    pin->ino = st.st_ino;
+    pin->mode = st.st_mode;
+    pin->uid = st.st_uid;
+    pin->gid = st.st_gid;
+    if (S_ISREG(st.st_mode)) {
+        pin->nlink = st.st_nlink;
+        pin->size = (unsigned long long)st.st_size;
+    } else if (S_ISBLK(st.st_mode)) {
+        uint64_t bytes;
+        if (ioctl(fd, BLKGETSIZE64, &bytes) != 0)
+            return -1;
+        pin->rdev = st.st_rdev;
+        pin->size = bytes;
+    }
+    return 0;
+}
 
 typedef struct {
     PyObject_HEAD
@@ -138,6 +172,11 @@ typedef struct {
      * take() has returned, so that a scrape's steps and its latency histogram hold the same requests */
     long long step_ns[MAX_STEPS], taken_step_ns[MAX_STEPS];
     int nsteps;
+    /* pin(): the held descriptor as Python last checked it; run() compares it again before a request once
+     * recheck_ns have passed since checked_ns. Touched by run()'s requests, or by pin() between runs. */
+    Pin pin;
+    int pinned;
+    long long recheck_ns, checked_ns;
     /* results of the current run, index = position in its batch; guarded by mutex */
     pthread_mutex_t mutex;
     long long *latency_ns, *end_ns;
@@ -356,6 +395,22 @@ static int request_one(Loop *self, long long offset, int fd, Py_ssize_t index, i
     return RUN_DONE;
 }
 
+/* Before a request on a held descriptor: RUN_DONE when it was not due for its re-check or is as pinned, else
+ * RUN_CHANGED (error: fstat's errno, or 0): the run ends before the request, and Python checks it all again. */
+static int recheck(Loop *self, int fd, long long now, int *error) {
+    if (fd < 0 || !self->pinned || self->recheck_ns <= 0 || now - self->checked_ns < self->recheck_ns)
+        return RUN_DONE;
+    Pin found;
+    if (fingerprint(fd, &found) != 0) {
+        *error = errno;
+        return RUN_CHANGED;
+    }
+    if (memcmp(&found, &self->pin, sizeof(found)) != 0)
+        return RUN_CHANGED;
+    self->checked_ns = now;
+    return RUN_DONE;
+}
+
 /* -- Engine -------------------------------------------------------------------------------------------
  *
  * The probes of the process share one schedule: each Loop made with engine=True hands its run() to the engine
@@ -367,11 +422,12 @@ static int request_one(Loop *self, long long offset, int fd, Py_ssize_t index, i
  *
  * A request that does not come back (a stalled device) must not hold up the others. A watchdog timer (a
  * timerfd) is armed before each request, at the next other probe's deadline plus the grace (the slack, at least
- * 1 ms). A second thread, the watcher, waits on it: when it fires with the leader still in that request, the
+ * 1 ms), or up to half a grace later: an arming still within that range is kept, so that the requests made one
+ * after the other in a wake-up mostly share one. A second thread, the watcher, waits on it: when it fires with the leader still in that request, the
  * watcher becomes the leader and wakes a spare thread (or starts one) to be the new watcher; the old leader
  * records its request when it returns and then waits as the watcher, or as a spare (at most MAX_PARKED), or ends.
  * So there is one thread more than there are requests that outlived the grace, and arming the watchdog costs
- * two syscalls per request, no wake-up.
+ * a syscall for the first request of a wake-up and few of the others, and no wake-up.
  *
  * Probes of one interval share their slots (schedule(), set_deadline()): a slot's random delay is drawn once for
  * all of them, so they are due together and served in one wake-up, one after the other, however many volumes.
@@ -483,7 +539,13 @@ static void lead(void) {
         if (E.need_watcher && spawn() == 0) /* none could be started at the last take-over: try again */
             E.need_watcher = 0;
         long long grace = want > MIN_GRACE_NS ? want : MIN_GRACE_NS;
-        arm(other == LLONG_MAX ? 0 : (other > now ? other : now) + grace);
+        if (other == LLONG_MAX)
+            arm(0);
+        else { /* up to half a grace later than due, so that the requests made together share one arming */
+            long long at = (other > now ? other : now) + grace;
+            if (E.armed_ns < at || E.armed_ns > at + grace / 2)
+                arm(at + grace / 2);
+        }
         due->busy = 1;
         E.in_request = 1;
         Py_ssize_t index = due->next;
@@ -491,7 +553,9 @@ static void lead(void) {
         int fd = due->fd, error = 0;
         ssize_t moved = 0;
         pthread_mutex_unlock(&E.mutex);
-        int status = request_one(due, offset, fd, index, &error, &moved);
+        int status = recheck(due, fd, now, &error); /* an fstat, in the request's watch: it may hang too */
+        if (status == RUN_DONE)
+            status = request_one(due, offset, fd, index, &error, &moved);
         pthread_mutex_lock(&E.mutex);
         settle(due, status, error, moved);
         if (E.generation != generation) { /* displaced while in the request: the leader serves its loop again */
@@ -658,15 +722,19 @@ static int run_by_engine(Loop *self, const long long *offsets, Py_ssize_t n, int
     return 1;
 }
 
-/* run(offsets, fd) -> (done, status, errno, bytes). offsets: a buffer of int64 byte offsets; fd: a descriptor
- * to use, or -1 to open the path for each request. done is the number of requests that succeeded; on a
- * failure, offsets[done] is the one that failed (status RUN_OPEN_FAILED, RUN_IO_FAILED with errno, or
- * RUN_SHORT with the bytes transferred). With the engine, its threads make the requests; without, this one. */
+/* run(offsets, fd, recheck_ns=0) -> (done, status, errno, bytes). offsets: a buffer of int64 byte offsets; fd:
+ * a descriptor to use, or -1 to open the path for each request. done is the number of requests that succeeded;
+ * on a failure, offsets[done] is the one that failed (status RUN_OPEN_FAILED, RUN_IO_FAILED with errno, or
+ * RUN_SHORT with the bytes transferred), or was not made (RUN_CHANGED: the pinned descriptor changed, or
+ * could not be looked at, at its re-check every recheck_ns). With the engine, its threads make the requests;
+ * without, this one. */
 static PyObject *Loop_run(Loop *self, PyObject *args) {
     Py_buffer offsets;
     int fd;
-    if (!PyArg_ParseTuple(args, "y*i", &offsets, &fd))
+    long long recheck_ns = 0;
+    if (!PyArg_ParseTuple(args, "y*i|L", &offsets, &fd, &recheck_ns))
         return NULL;
+    self->recheck_ns = recheck_ns;
     Py_ssize_t n = offsets.len / (Py_ssize_t)sizeof(long long);
     pthread_mutex_lock(&self->mutex);
     if (n > self->capacity) {
@@ -707,6 +775,8 @@ static PyObject *Loop_run(Loop *self, PyObject *args) {
             status = RUN_STOPPED;
             break;
         }
+        if ((status = recheck(self, fd, now_ns(), &error)) != RUN_DONE)
+            break;
         if ((status = request_one(self, at[i], fd, i, &error, &moved)) != RUN_DONE)
             break;
         advance(self, now_ns());
@@ -714,6 +784,28 @@ static PyObject *Loop_run(Loop *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&offsets);
     return Py_BuildValue("(niin)", i, status, error, (Py_ssize_t)(moved < 0 ? 0 : moved));
+}
+
+/* pin(fd): fd as it is now is what run() re-checks it against (see Pin); called just before Python checks it, so
+ * that a change made after that check is one the re-check sees. pin(-1) forgets it. */
+static PyObject *Loop_pin(Loop *self, PyObject *args) {
+    int fd;
+    if (!PyArg_ParseTuple(args, "i", &fd))
+        return NULL;
+    self->pinned = 0;
+    if (fd < 0)
+        Py_RETURN_NONE;
+    Pin pin;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = fingerprint(fd, &pin);
+    Py_END_ALLOW_THREADS
+    if (failed)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    self->pin = pin;
+    self->pinned = 1;
+    self->checked_ns = now_ns();
+    Py_RETURN_NONE;
 }
 
 /* engine() -> (threads, take-overs, runs in progress): for tests and the curious. */
@@ -791,7 +883,8 @@ static PyGetSetDef Loop_getset[] = {
 };
 
 static PyMethodDef Loop_methods[] = {
-    {"run", (PyCFunction)Loop_run, METH_VARARGS, "run(offsets, fd) -> (done, status, errno, bytes)"},
+    {"run", (PyCFunction)Loop_run, METH_VARARGS, "run(offsets, fd, recheck_ns=0) -> (done, status, errno, bytes)"},
+    {"pin", (PyCFunction)Loop_pin, METH_VARARGS, "pin(fd): what run() re-checks fd against; pin(-1) forgets"},
     {"take", (PyCFunction)Loop_take, METH_NOARGS, "take() -> [(index, latency_ns, end_ns, zero)]"},
     {"schedule", (PyCFunction)Loop_schedule, METH_VARARGS, "schedule(start_ns, interval_ns): slot 0 at start"},
     {"set_interval", (PyCFunction)Loop_set_interval, METH_VARARGS, "set_interval(ns): from any thread"},
@@ -832,8 +925,9 @@ PyMODINIT_FUNC PyInit__timedio(void) {
         Py_DECREF(m);
         return NULL;
     }
-    for (int k = RUN_DONE; k <= RUN_SHORT; k++) {
-        static const char *names[] = {"RUN_DONE", "RUN_STOPPED", "RUN_OPEN_FAILED", "RUN_IO_FAILED", "RUN_SHORT"};
+    for (int k = RUN_DONE; k <= RUN_CHANGED; k++) {
+        static const char *names[] = {"RUN_DONE",      "RUN_STOPPED", "RUN_OPEN_FAILED",
+                                      "RUN_IO_FAILED", "RUN_SHORT",   "RUN_CHANGED"};
         if (PyModule_AddIntConstant(m, names[k], k) < 0) {
             Py_DECREF(m);
             return NULL;

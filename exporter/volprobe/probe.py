@@ -40,12 +40,18 @@ TIMER = timer.KIND  # "c" or "python": volprobe_build_info{timer}
 log = logging.getLogger(__name__)
 
 MAX_ERROR_BACKOFF_S = 30.0
-BATCH_S = 30.0  # the C timer returns to Python about this often (and at every failure, stop or slow-down)
+# The C timer returns to Python about this often (and at every failure, stop, slow-down or change found by a
+# re-check): a cold wake of the worker costs about 150 us, which spread over 30 s of probes was a sixth of a
+# probe's CPU. What the worker did per batch that must happen more often is the timer's (HELD_RECHECK_S).
+BATCH_S = 300.0
 MAX_BATCH = 512
 # A probe that keeps nothing gives its timer one request a run, due at once: an interval it cannot overrun, so
 # that slots are counted missed by its worker's pacer alone.
 UNHELD_TIMER_INTERVAL_NS = 1 << 62
 RECHECK_S = 1.0  # a held write descriptor is checked again (fstat, size) before a batch, at most this often
+# ...and during a run, by the timer before a request, this long after the last check: it compares the descriptor
+# with its pin (Timer.pin: taken just before the check) and ends the run on any change, for the full check.
+HELD_RECHECK_S = 30.0
 # A probe may wake up to 1% of its interval late (at most 10 ms), on the same slot grid: the kernel then serves
 # probes due close together with one wake-up of a CPU, which on an idle VM costs more than the probe itself.
 # Each probe's jitter already moves it by up to 10% of its interval; the request is timed on its own.
@@ -323,7 +329,9 @@ class ProbeIO:
             os.close(fd)
             fd = None
         self.fd = fd
-        self._checked_ns = time.monotonic_ns()  # when the held descriptor was last checked (open_checked)
+        # When the held descriptor was last checked (open_checked), None when it must be before the next run. A
+        # descriptor handed over was checked by its opener, but not pinned: it is checked again before its first.
+        self._checked_ns: int | None = None
 
     @property
     def inflight_since_ns(self) -> int:
@@ -350,17 +358,24 @@ class ProbeIO:
 
     def open_checked(self) -> None:
         """open() (which checks what it opened), or re-check a held descriptor (size, links) if the last
-        check is more than RECHECK_S old; on any failure, let go."""
+        check is more than RECHECK_S old or a run found it changed; on any failure, let go. The timer is given
+        the descriptor as it was just before each check (Timer.pin), and re-checks it during runs."""
         try:
-            if self.fd is None:
+            fresh = self.fd is None
+            if fresh:
                 self.open()
-                self._checked_ns = time.monotonic_ns()
-            elif self.io.verify is not None and time.monotonic_ns() - self._checked_ns >= RECHECK_S * 1e9:
+            due = fresh or self._checked_ns is None or time.monotonic_ns() - self._checked_ns >= RECHECK_S * 1e9
+            if self.fd is not None and self.io.verify is not None and due:
+                self.timer.pin(self.fd)  # before the check: whatever changes after it, a run's re-check sees
                 self.io.verify(self.fd)
                 self._checked_ns = time.monotonic_ns()
         except OSError:
             self.let_go()
             raise
+
+    def changed(self) -> None:
+        """A run's re-check found the held descriptor changed: the next open_checked() checks it all again."""
+        self._checked_ns = None
 
     def offset_of(self, block: int) -> int:
         return self.io.region_start + block * self.block_size
@@ -371,9 +386,13 @@ class ProbeIO:
         held one: open_checked()); it is let go of when a failure shows it worthless."""
         offsets = array.array("q", [self.offset_of(block) for block, _ in batch])
         assert not self.hold_open or self.fd is not None, "open_checked() first"
-        done, status, code, moved = self.timer.run(offsets, self.fd if self.fd is not None else -1)
+        recheck_ns = int(HELD_RECHECK_S * 1e9) if self.io.verify is not None else 0
+        done, status, code, moved = self.timer.run(offsets, self.fd if self.fd is not None else -1, recheck_ns)
         ended = Status(status)
         if ended in (Status.DONE, Status.STOPPED):
+            return done, ended, None
+        if ended == Status.CHANGED:  # offsets[done] was not made: the worker has the descriptor checked again
+            self.changed()
             return done, ended, None
         offset, touch = offsets[done], batch[done][1]
         if ended == Status.SHORT:
@@ -623,6 +642,9 @@ class ProbeWorker:
             if ended == Status.STOPPED:
                 picker.put_back(batch[done:])
                 break
+            if ended == Status.CHANGED:  # checked again at the top (open_checked), before the next request
+                picker.put_back(batch[done:])
+                continue
             assert failure is not None
             picker.put_back(batch[done + 1 :])
             failures += 1

@@ -56,6 +56,7 @@ class Status(enum.IntEnum):
     OPEN_FAILED = 2  # opening the path for a request failed: errno
     IO_FAILED = 3  # the request failed: errno
     SHORT = 4  # the request moved fewer bytes than the buffer holds: bytes
+    CHANGED = 5  # the pinned descriptor changed (or could not be looked at) at a re-check: not made, errno or 0
 
 
 Result = tuple[int, int, int, bool]  # take(): (index in the run's offsets, latency_ns, end_ns, read only zeros)
@@ -101,9 +102,16 @@ class Timer(Protocol):
     def stop(self) -> None:
         """End the run in progress and all later ones at the next wait (a request in flight finishes)."""
 
-    def run(self, offsets: array.array[int], fd: int) -> tuple[int, int, int, int]:
+    def pin(self, fd: int) -> None:
+        """Take fd as it is now (identity, type, mode, owner; a file's links and size, a device's size) as what
+        run() re-checks it against; called just before the worker checks fd, so that any change after that check
+        is one a re-check sees. pin(-1) forgets it."""
+
+    def run(self, offsets: array.array[int], fd: int, recheck_ns: int = 0) -> tuple[int, int, int, int]:
         """Probe offsets in order, each at its slot, on fd or (fd -1) on the path opened for each request.
-        Returns (done, Status, errno, bytes): done requests succeeded; on a failure offsets[done] failed."""
+        Returns (done, Status, errno, bytes): done requests succeeded; on a failure offsets[done] failed. With
+        recheck_ns, a pinned fd is compared with its pin before a request once recheck_ns have passed since it
+        was pinned or last compared: if it changed, the run ends with CHANGED and offsets[done] was not made."""
 
     def take(self) -> list[Result]:
         """The results of the current run not taken yet."""
@@ -336,7 +344,11 @@ class PythonTimer:
                 return False
             self._woken.wait(wait / 1e9)
 
-    def run(self, offsets: array.array[int], fd: int) -> tuple[int, int, int, int]:
+    def pin(self, fd: int) -> None:
+        """Nothing to keep: a run of this timer is one request (max_batch), and the worker checks the held
+        descriptor again before each run (probe.RECHECK_S)."""
+
+    def run(self, offsets: array.array[int], fd: int, recheck_ns: int = 0) -> tuple[int, int, int, int]:
         with self._lock:  # results not taken are dropped with their steps, as in the C loop
             self._results, self._taken = [], 0
             self._steps = list(self._taken_steps)
