@@ -6,6 +6,7 @@ import itertools
 import mmap
 import os
 import random
+import sys
 import zlib
 
 import pytest
@@ -83,6 +84,21 @@ def test_offset_picker_keeps_the_picks_made_before_a_failed_reservation():
 
 
 SECOND = 1_000_000_000
+
+
+def test_a_batch_of_picks_reads_as_the_picks_it_was_made_of_in_an_eighth_of_their_memory():
+    picker = probe.OffsetPicker(1 << 40, revisit=0.5, rng=random.Random(3))
+    picks = [picker.next() for _ in range(probe.MAX_BATCH)]
+    assert {touch for _, touch in picks} == {"first", "repeat"}
+    batch = probe.Picks(picks)
+    assert len(batch) == len(picks) and list(batch) == picks
+    assert [batch[i] for i in range(len(picks))] == picks
+    assert batch[7:] == picks[7:] and batch[:0] == []
+    with pytest.raises(IndexError):
+        batch[len(picks)]
+    as_tuples = sys.getsizeof(picks) + sum(sys.getsizeof(p) + sys.getsizeof(p[0]) for p in picks)
+    compact = sys.getsizeof(batch.blocks) + sys.getsizeof(batch.first)
+    assert compact * 8 < as_tuples
 
 
 def test_pacer_skips_overrun_slots_without_replaying_them():

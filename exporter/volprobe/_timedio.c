@@ -414,7 +414,8 @@ static int recheck(Loop *self, int fd, long long now, int *error) {
 /* -- Engine -------------------------------------------------------------------------------------------
  *
  * The probes of the process share one schedule: each Loop made with engine=True hands its run() to the engine
- * and its Python thread sleeps until the run ends (its batch done, stop, or a failure), about every 30 s. The
+ * and its Python thread sleeps until the run ends (its batch done, stop, a failure or a change found by a
+ * re-check), about every 5 minutes. The
  * engine's leader thread sleeps until the earliest deadline of all the runs in progress (with the timer slack of
  * the shortest interval: 1%, at most 10 ms), then makes every request that is due, one after the other, in that
  * one wake-up: a wake-up from idle costs more than the request on a VM, and it is paid once for the probes due

@@ -9,8 +9,9 @@ every failure the same way whichever timer ran (count, back off, let go of a wor
 through every check), and scrapes move the timer's results into the statistics (drained()). With the C timer
 Python wakes per batch and per failure, not per probe: woken cold for each probe it cost about twice the
 probe's own syscalls (BENCHMARKS.md, cpu). The C timer's requests are made by the process's probe engine
-(_timedio.c), one thread for every probe, while the worker's thread sleeps in run(). `volprobe ping` runs the
-same worker, one probe a batch.
+(_timedio.c), one thread for every probe, while the worker's thread sleeps in run(), and the timer re-checks a
+held descriptor during the run (Timer.pin, HELD_RECHECK_S). `volprobe ping` runs the same worker, one probe a
+batch.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, overload
 
 from . import supervise, timer
 from .config import ProbeConfig
@@ -213,6 +214,45 @@ class NoOffsets:
         pass
 
 
+class Picks(Sequence[tuple[int, str]]):
+    """A batch's picks, kept compact: a batch may hold MAX_BATCH, each worker keeps one, and as (block, touch)
+    tuples that was about 90 bytes a pick. The blocks are an int64 array, whether each is a first touch a
+    bytearray; read as the list of (block, touch) they stand for."""
+
+    __slots__ = ("blocks", "first")
+
+    def __init__(self, picks: Iterable[tuple[int, str]] = ()) -> None:
+        self.blocks = array.array("q")
+        self.first = bytearray()
+        for pick in picks:
+            self.append(pick)
+
+    def append(self, pick: tuple[int, str]) -> None:
+        self.blocks.append(pick[0])
+        self.first.append(pick[1] == "first")
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, str]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[int, str]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[int, str] | list[tuple[int, str]]:
+        if isinstance(index, slice):
+            return list(zip(self.blocks[index], map(_touch, self.first[index]), strict=True))
+        return self.blocks[index], _touch(self.first[index])
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        return zip(self.blocks, map(_touch, self.first), strict=True)
+
+
+def _touch(first: int) -> str:
+    return "first" if first else "repeat"
+
+
 def new_picker(
     offsets: str, nblocks: int, revisit: float, rng: random.Random, cursor: Cursor | None = None
 ) -> OffsetPicker | NoOffsets:
@@ -380,7 +420,7 @@ class ProbeIO:
     def offset_of(self, block: int) -> int:
         return self.io.region_start + block * self.block_size
 
-    def run(self, batch: list[tuple[int, str]]) -> tuple[int, Status, Outcome | None]:
+    def run(self, batch: Sequence[tuple[int, str]]) -> tuple[int, Status, Outcome | None]:
         """Probe the batch's blocks (picks) in order, each in its slot: (how many succeeded, how the run ended,
         the failure that ended it). The results wait in the timer for take(). The descriptor must be open (the
         held one: open_checked()); it is let go of when a failure shows it worthless."""
@@ -454,7 +494,7 @@ class ProbeWorker:
         self._thread: threading.Thread | None = None
         self._slowdown = 1.0
         self._timer_slack_ns = -1  # as last set on the worker's thread (-1: not yet)
-        self._batch: list[tuple[int, str]] = []  # the picks the timer is working through
+        self._batch: Sequence[tuple[int, str]] = ()  # the picks the timer is working through
         self._missed_unheld = 0  # slots a probe that keeps nothing skipped (its worker paces it: _unheld_loop)
         # Read by scrapes; written only by the worker thread.
         self.errors: dict[str, int] = {}
@@ -591,14 +631,14 @@ class ProbeWorker:
         paced = max(8, min(MAX_BATCH, int(BATCH_S / (self.interval_s * self._slowdown))))
         return max(1, min(paced, self.timer.max_batch, self.max_batch))
 
-    def _take_batch(self, picker: OffsetPicker | NoOffsets) -> list[tuple[int, str]]:
+    def _take_batch(self, picker: OffsetPicker | NoOffsets) -> Picks:
         """The next batch's picks; if picking fails part-way, those taken are put back, not lost."""
-        batch: list[tuple[int, str]] = []
+        batch = Picks()
         try:
             for _ in range(self._batch_size()):
                 batch.append(picker.next())
         except BaseException:
-            picker.put_back(batch)
+            picker.put_back(batch[:])
             raise
         return batch
 
