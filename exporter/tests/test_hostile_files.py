@@ -6,6 +6,7 @@ The victims are real files and devices, checksummed before and after."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from volprobe import probe, probefile, targets
+from volprobe import probe, probefile, targets, timer
 from volprobe.config import PROBE_FILE_NAME, ProbeConfig, load
 from volprobe.discovery import Host
 from volprobe.safety import Refused
@@ -188,6 +189,38 @@ def test_a_change_the_checks_accept_costs_a_recheck_not_an_error(directory_targe
         assert w.error_counts() == {}
     finally:
         stopped(w)
+
+
+def test_a_link_undone_during_the_check_and_made_again_is_seen_at_the_recheck(directory_target, loop_kind, monkeypatch):
+    """The race a pin taken before the check leaves open: linked when pinned, unlinked while checked (the check
+    passes), linked again after. The worker makes sure the descriptor held still during its check, so what the
+    timer compares with is the state the check judged, and the link made again ends the next run unwritten."""
+    monkeypatch.setattr(probe, "HELD_RECHECK_S", 0.2)
+    _, io, data, _ = directory_target
+    grab = data / "grab"
+    verify = io.verify
+    assert verify is not None
+
+    def undone_during_the_check(fd: int) -> None:
+        if grab.exists():
+            grab.unlink()
+        verify(fd)
+
+    spec = ProbeConfig("write", 4096, interval=0.02, jitter=0.0)
+    w = probe.ProbeWorker(spec, dataclasses.replace(io, verify=undone_during_the_check), ProbeStats(60.0), seed=1)
+    try:
+        w.probe.open_checked()  # opened, checked and pinned with one link
+        os.link(data / PROBE_FILE_NAME, grab)
+        w.probe.changed()
+        w.probe.open_checked()  # pinned with two links, checked with one
+        os.link(data / PROBE_FILE_NAME, grab)
+        time.sleep(0.25)  # the re-check is due
+        w.timer.schedule(time.perf_counter_ns(), 1)
+        done, ended, _ = w.probe.run(probe.Picks([(0, "first")]))
+        assert (done, ended) == (0, timer.Status.CHANGED), "written with two links: the pin was the refused state"
+        assert w.completed == 0
+    finally:
+        w.close()
 
 
 def test_leftovers_that_are_fifos_or_symlinks_are_neither_opened_nor_removed(tmp_path, make_loop, mount_fs):

@@ -78,6 +78,25 @@ def writes_completed(loop: str) -> int:
     return int(Path(f"/sys/block/{os.path.basename(loop)}/stat").read_text().split()[4])
 
 
+def settled(loop: str, mount: Path) -> int:
+    """The write counter of the ext4 on `loop` once the kernel is done writing to it: synced, then frozen and
+    thawed (which commits and checkpoints its journal and writes its superblock), then unchanged for a second. A
+    sync alone left the kernel's own writes to come (one within 10 s of a mount and a sync, on 6.18), which a
+    window counted as volprobe's."""
+    run("sync")
+    run("fsfreeze", "-f", str(mount))
+    run("fsfreeze", "-u", str(mount))
+    last, quiet_since = writes_completed(loop), time.monotonic()
+    deadline = quiet_since + 30
+    while time.monotonic() - quiet_since < 1.0:
+        assert time.monotonic() < deadline, f"{loop} never stopped being written"
+        time.sleep(0.1)
+        now = writes_completed(loop)
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+    return last
+
+
 def held_under(pid: int, root: Path) -> list[str]:
     """What of process `pid` is open under `root`: descriptors, working directory, root, mapped files. Where `root`
     is a mount, anything of its filesystem too, by device number: a file opened through a private copy of the
@@ -148,9 +167,8 @@ def test_pod_volumes_are_checked_labelled_never_written_nor_held(
         stack.callback(lambda: subprocess.run(["umount", "-l", str(staging)], check=False))
         stack.enter_context(bound(staging, db))
         stack.enter_context(bound(lab.path, web))
-        run("sync")
+        written = settled(loop, staging)
         before = listing(staging, lab.backing)
-        written = writes_completed(loop)
 
         exporter = start_exporter("--config", write_config(tmp_path, config_text(kubelet, loop)))
         pid = exporter.process.pid
@@ -294,9 +312,8 @@ def test_a_rule_writes_into_its_volume_alone_and_the_kubelet_still_unmounts_it_a
         stack.callback(lambda: subprocess.run(["umount", "-l", str(staging)], check=False))
         stack.enter_context(bound(staging, db))
         stack.enter_context(bound(lab.path, web))
-        run("sync")
+        written = settled(loop, staging)
         before, theirs = listing(staging), listing(lab.backing)
-        written = writes_completed(loop)
         text = (
             "mount_check: {interval: 200ms, timeout: 1s}\n"
             f"kubernetes: {{kubelet_directory: {kubelet}, rescan_interval: {rescan_s}s,\n"

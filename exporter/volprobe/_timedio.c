@@ -400,12 +400,13 @@ static int request_one(Loop *self, long long offset, int fd, Py_ssize_t index, i
 static int recheck(Loop *self, int fd, long long now, int *error) {
     if (fd < 0 || !self->pinned || self->recheck_ns <= 0 || now - self->checked_ns < self->recheck_ns)
         return RUN_DONE;
+    volatile long long *marker = (volatile long long *)self->inflight.buf;
+    *marker = now_ns(); /* in flight: an fstat on a hung server hangs as a request would, and shows as one */
     Pin found;
-    if (fingerprint(fd, &found) != 0) {
-        *error = errno;
-        return RUN_CHANGED;
-    }
-    if (memcmp(&found, &self->pin, sizeof(found)) != 0)
+    int failed = fingerprint(fd, &found);
+    *error = failed ? errno : 0;
+    *marker = 0;
+    if (failed || memcmp(&found, &self->pin, sizeof(found)) != 0)
         return RUN_CHANGED;
     self->checked_ns = now;
     return RUN_DONE;
@@ -809,6 +810,21 @@ static PyObject *Loop_pin(Loop *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* holds(fd) -> bool: whether fd is still as pinned (after Python's check: it did not change during it). */
+static PyObject *Loop_holds(Loop *self, PyObject *args) {
+    int fd;
+    if (!PyArg_ParseTuple(args, "i", &fd))
+        return NULL;
+    Pin found;
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = fingerprint(fd, &found);
+    Py_END_ALLOW_THREADS
+    if (failed)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyBool_FromLong(self->pinned && memcmp(&found, &self->pin, sizeof(found)) == 0);
+}
+
 /* engine() -> (threads, take-overs, runs in progress): for tests and the curious. */
 static PyObject *engine_stats(PyObject *module, PyObject *unused) {
     pthread_mutex_lock(&E.mutex);
@@ -886,6 +902,7 @@ static PyGetSetDef Loop_getset[] = {
 static PyMethodDef Loop_methods[] = {
     {"run", (PyCFunction)Loop_run, METH_VARARGS, "run(offsets, fd, recheck_ns=0) -> (done, status, errno, bytes)"},
     {"pin", (PyCFunction)Loop_pin, METH_VARARGS, "pin(fd): what run() re-checks fd against; pin(-1) forgets"},
+    {"holds", (PyCFunction)Loop_holds, METH_VARARGS, "holds(fd) -> whether fd is still as pinned"},
     {"take", (PyCFunction)Loop_take, METH_NOARGS, "take() -> [(index, latency_ns, end_ns, zero)]"},
     {"schedule", (PyCFunction)Loop_schedule, METH_VARARGS, "schedule(start_ns, interval_ns): slot 0 at start"},
     {"set_interval", (PyCFunction)Loop_set_interval, METH_VARARGS, "set_interval(ns): from any thread"},

@@ -53,6 +53,7 @@ RECHECK_S = 1.0  # a held write descriptor is checked again (fstat, size) before
 # ...and during a run, by the timer before a request, this long after the last check: it compares the descriptor
 # with its pin (Timer.pin: taken just before the check) and ends the run on any change, for the full check.
 HELD_RECHECK_S = 30.0
+PIN_TRIES = 3  # a descriptor that changes during each of this many checks in a row is refused
 # A probe may wake up to 1% of its interval late (at most 10 ms), on the same slot grid: the kernel then serves
 # probes due close together with one wake-up of a CPU, which on an idle VM costs more than the probe itself.
 # Each probe's jitter already moves it by up to 10% of its interval; the request is timed on its own.
@@ -404,14 +405,24 @@ class ProbeIO:
             fresh = self.fd is None
             if fresh:
                 self.open()
-            due = fresh or self._checked_ns is None or time.monotonic_ns() - self._checked_ns >= RECHECK_S * 1e9
-            if self.fd is not None and self.io.verify is not None and due:
-                self.timer.pin(self.fd)  # before the check: whatever changes after it, a run's re-check sees
-                self.io.verify(self.fd)
-                self._checked_ns = time.monotonic_ns()
+            if self.fd is None or self.io.verify is None or not self.keep:
+                return  # nothing held past this probe: the opener's checks were enough
+            if fresh or self._checked_ns is None or time.monotonic_ns() - self._checked_ns >= RECHECK_S * 1e9:
+                self._check_and_pin(self.fd, self.io.verify)
         except OSError:
             self.let_go()
             raise
+
+    def _check_and_pin(self, fd: int, verify: Callable[[int], None]) -> None:
+        """Pin fd, check it, and make sure it did not change meanwhile: what the timer then compares it with is
+        what the check judged (a state that was refused and then undone during the check is taken again)."""
+        for _ in range(PIN_TRIES):
+            self.timer.pin(fd)
+            verify(fd)
+            if self.timer.holds(fd):
+                self._checked_ns = time.monotonic_ns()
+                return
+        raise Refused(f"changed while it was checked, {PIN_TRIES} times in a row", self.io.path)
 
     def changed(self) -> None:
         """A run's re-check found the held descriptor changed: the next open_checked() checks it all again."""
@@ -426,7 +437,7 @@ class ProbeIO:
         held one: open_checked()); it is let go of when a failure shows it worthless."""
         offsets = array.array("q", [self.offset_of(block) for block, _ in batch])
         assert not self.hold_open or self.fd is not None, "open_checked() first"
-        recheck_ns = int(HELD_RECHECK_S * 1e9) if self.io.verify is not None else 0
+        recheck_ns = int(HELD_RECHECK_S * 1e9) if self.io.verify is not None and self.keep else 0
         done, status, code, moved = self.timer.run(offsets, self.fd if self.fd is not None else -1, recheck_ns)
         ended = Status(status)
         if ended in (Status.DONE, Status.STOPPED):

@@ -24,6 +24,7 @@ import enum
 import mmap
 import os
 import random
+import stat
 import struct
 import threading
 import time
@@ -31,6 +32,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from . import ops
+from .safety import device_size
 
 try:  # the C timer (see _timedio.c); optional at build time
     from . import _timedio
@@ -106,6 +108,9 @@ class Timer(Protocol):
         """Take fd as it is now (identity, type, mode, owner; a file's links and size, a device's size) as what
         run() re-checks it against; called just before the worker checks fd, so that any change after that check
         is one a re-check sees. pin(-1) forgets it."""
+
+    def holds(self, fd: int) -> bool:
+        """Whether fd is still as pinned: called after the worker's check, true when nothing changed during it."""
 
     def run(self, offsets: array.array[int], fd: int, recheck_ns: int = 0) -> tuple[int, int, int, int]:
         """Probe offsets in order, each at its slot, on fd or (fd -1) on the path opened for each request.
@@ -197,6 +202,19 @@ def new(
         )
         return loop
     return PythonTimer(path, flags, buffer, inflight, op.syscall, op.writes, jitter, seed, counter, steps)
+
+
+def fingerprint(fd: int) -> tuple[int, ...]:
+    """_timedio.c's Pin: what the checks of a held descriptor depend on and can change under it (its identity,
+    type, mode and owner; a regular file's links and size; a block device's size), not the times every write
+    moves, nor a directory's size and links, which its own probe's files move."""
+    st = os.fstat(fd)
+    rdev = size = nlink = 0
+    if stat.S_ISREG(st.st_mode):
+        size, nlink = st.st_size, st.st_nlink
+    elif stat.S_ISBLK(st.st_mode):
+        rdev, size = st.st_rdev, device_size(fd)
+    return (st.st_dev, st.st_ino, rdev, size, st.st_mode, st.st_uid, st.st_gid, nlink)
 
 
 class Pacer:
@@ -292,6 +310,8 @@ class PythonTimer:
         self._results: list[Result] = []
         self._taken = 0
         self._completed = self._missed = self._zero_reads = 0
+        self._pin: tuple[int, ...] | None = None
+        self._checked_ns = 0
 
     @property
     def completed(self) -> int:
@@ -345,8 +365,28 @@ class PythonTimer:
             self._woken.wait(wait / 1e9)
 
     def pin(self, fd: int) -> None:
-        """Nothing to keep: a run of this timer is one request (max_batch), and the worker checks the held
-        descriptor again before each run (probe.RECHECK_S)."""
+        self._pin = fingerprint(fd) if fd >= 0 else None
+        self._checked_ns = time.perf_counter_ns()
+
+    def holds(self, fd: int) -> bool:
+        return self._pin is not None and fingerprint(fd) == self._pin
+
+    def _recheck(self, fd: int, recheck_ns: int) -> int | None:
+        """_timedio.c's recheck(): None when fd was not due for its re-check or is as pinned, else the errno of
+        the fstat that failed, or 0 (it changed)."""
+        now = time.perf_counter_ns()
+        if fd < 0 or self._pin is None or recheck_ns <= 0 or now - self._checked_ns < recheck_ns:
+            return None
+        self._inflight[0] = now
+        try:
+            if fingerprint(fd) != self._pin:
+                return 0
+        except OSError as err:
+            return err.errno or 0
+        finally:
+            self._inflight[0] = 0
+        self._checked_ns = now
+        return None
 
     def run(self, offsets: array.array[int], fd: int, recheck_ns: int = 0) -> tuple[int, int, int, int]:
         with self._lock:  # results not taken are dropped with their steps, as in the C loop
@@ -357,6 +397,10 @@ class PythonTimer:
         for offset in offsets:
             if self._wait_deadline():
                 status = Status.STOPPED
+                break
+            changed = self._recheck(fd, recheck_ns)
+            if changed is not None:
+                status, error = Status.CHANGED, changed
                 break
             if self._write_data is not None:
                 self._write_data.stamp()
