@@ -788,6 +788,17 @@ static PyObject *Loop_run(Loop *self, PyObject *args) {
     return Py_BuildValue("(niin)", i, status, error, (Py_ssize_t)(moved < 0 ? 0 : moved));
 }
 
+/* fingerprint() from Python (the GIL released: an fstat may hang): 0, or -1 with OSError set. */
+static int fingerprint_or_raise(int fd, Pin *pin) {
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = fingerprint(fd, pin);
+    Py_END_ALLOW_THREADS
+    if (failed)
+        PyErr_SetFromErrno(PyExc_OSError);
+    return failed ? -1 : 0;
+}
+
 /* pin(fd): fd as it is now is what run() re-checks it against (see Pin); called just before Python checks it, so
  * that a change made after that check is one the re-check sees. pin(-1) forgets it. */
 static PyObject *Loop_pin(Loop *self, PyObject *args) {
@@ -798,12 +809,8 @@ static PyObject *Loop_pin(Loop *self, PyObject *args) {
     if (fd < 0)
         Py_RETURN_NONE;
     Pin pin;
-    int failed;
-    Py_BEGIN_ALLOW_THREADS
-    failed = fingerprint(fd, &pin);
-    Py_END_ALLOW_THREADS
-    if (failed)
-        return PyErr_SetFromErrno(PyExc_OSError);
+    if (fingerprint_or_raise(fd, &pin) != 0)
+        return NULL;
     self->pin = pin;
     self->pinned = 1;
     self->checked_ns = now_ns();
@@ -816,12 +823,8 @@ static PyObject *Loop_holds(Loop *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "i", &fd))
         return NULL;
     Pin found;
-    int failed;
-    Py_BEGIN_ALLOW_THREADS
-    failed = fingerprint(fd, &found);
-    Py_END_ALLOW_THREADS
-    if (failed)
-        return PyErr_SetFromErrno(PyExc_OSError);
+    if (fingerprint_or_raise(fd, &found) != 0)
+        return NULL;
     return PyBool_FromLong(self->pinned && memcmp(&found, &self->pin, sizeof(found)) == 0);
 }
 
