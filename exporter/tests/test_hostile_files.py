@@ -137,9 +137,9 @@ def test_a_hard_link_made_while_the_file_is_held_stops_the_writes(directory_targ
 
 
 def running_writes(io: probe.IOTarget) -> probe.ProbeWorker:
-    """A write probe every 20 ms on io. The C timer's batches (BATCH_S, at most MAX_BATCH probes) last about 10 s:
-    within one, only the timer's own re-check (HELD_RECHECK_S) looks at the held descriptor. The Python timer's
-    are one probe, before each of which the worker checks it (RECHECK_S)."""
+    """A write probe every 20 ms on io. The C timer's batches (BATCH_S, at most MAX_BATCH probes) last about 10 s,
+    the Python timer's one probe: either way only the timer's own re-check (HELD_RECHECK_S) looks at the held
+    descriptor between its opening and a change."""
     spec = ProbeConfig("write", 4096, interval=0.02, jitter=0.0)
     w = probe.ProbeWorker(spec, io, ProbeStats(60.0), name="t", seed=1)
     assert w._batch_size() * 0.02 >= 10 or w.timer.max_batch == 1

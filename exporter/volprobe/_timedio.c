@@ -414,22 +414,22 @@ static int recheck(Loop *self, int fd, long long now, int *error) {
 
 /* -- Engine -------------------------------------------------------------------------------------------
  *
- * The probes of the process share one schedule: each Loop made with engine=True hands its run() to the engine
- * and its Python thread sleeps until the run ends (its batch done, stop, a failure or a change found by a
- * re-check), about every 5 minutes. The
- * engine's leader thread sleeps until the earliest deadline of all the runs in progress (with the timer slack of
- * the shortest interval: 1%, at most 10 ms), then makes every request that is due, one after the other, in that
- * one wake-up: a wake-up from idle costs more than the request on a VM, and it is paid once for the probes due
- * together, not once each. Requests are still made one at a time, so two probes never meet in flight.
+ * The probes of the process share one schedule: each Loop made with engine=True hands its run() to the engine and
+ * its Python thread sleeps until the run ends (its batch done, stop, a failure or a change found by a re-check),
+ * about every 5 minutes. The engine's leader thread sleeps until the earliest deadline of all the runs in progress
+ * (with the timer slack of the shortest interval: 1%, at most 10 ms), then makes every request that is due, one
+ * after the other, in that one wake-up: a wake-up from idle costs more than the request on a VM, and it is paid
+ * once for the probes due together, not once each. Requests are still made one at a time, so two probes never meet
+ * in flight.
  *
- * A request that does not come back (a stalled device) must not hold up the others. A watchdog timer (a
- * timerfd) is armed before each request, at the next other probe's deadline plus the grace (the slack, at least
- * 1 ms), or up to half a grace later: an arming still within that range is kept, so that the requests made one
- * after the other in a wake-up mostly share one. A second thread, the watcher, waits on it: when it fires with the leader still in that request, the
- * watcher becomes the leader and wakes a spare thread (or starts one) to be the new watcher; the old leader
- * records its request when it returns and then waits as the watcher, or as a spare (at most MAX_PARKED), or ends.
- * So there is one thread more than there are requests that outlived the grace, and arming the watchdog costs
- * a syscall for the first request of a wake-up and few of the others, and no wake-up.
+ * A request that does not come back (a stalled device) must not hold up the others. A watchdog timer (a timerfd)
+ * is armed before each request, at the next other probe's deadline plus the grace (the slack, at least 1 ms), or
+ * up to half a grace later: an arming still within that range is kept, so that the requests made one after the
+ * other in a wake-up mostly share one. A second thread, the watcher, waits on it: when it fires with the leader
+ * still in that request, the watcher becomes the leader and wakes a spare thread (or starts one) to be the new
+ * watcher; the old leader records its request when it returns and then waits as the watcher, or as a spare (at
+ * most MAX_PARKED), or ends. So there is one thread more than there are requests that outlived the grace, and
+ * arming the watchdog costs a syscall for the first request of a wake-up and few of the others, and no wake-up.
  *
  * Probes of one interval share their slots (schedule(), set_deadline()): a slot's random delay is drawn once for
  * all of them, so they are due together and served in one wake-up, one after the other, however many volumes.
@@ -800,14 +800,12 @@ static int fingerprint_or_raise(int fd, Pin *pin) {
 }
 
 /* pin(fd): fd as it is now is what run() re-checks it against (see Pin); called just before Python checks it, so
- * that a change made after that check is one the re-check sees. pin(-1) forgets it. */
+ * that a change made after that check is one the re-check sees. */
 static PyObject *Loop_pin(Loop *self, PyObject *args) {
     int fd;
     if (!PyArg_ParseTuple(args, "i", &fd))
         return NULL;
     self->pinned = 0;
-    if (fd < 0)
-        Py_RETURN_NONE;
     Pin pin;
     if (fingerprint_or_raise(fd, &pin) != 0)
         return NULL;
@@ -904,7 +902,7 @@ static PyGetSetDef Loop_getset[] = {
 
 static PyMethodDef Loop_methods[] = {
     {"run", (PyCFunction)Loop_run, METH_VARARGS, "run(offsets, fd, recheck_ns=0) -> (done, status, errno, bytes)"},
-    {"pin", (PyCFunction)Loop_pin, METH_VARARGS, "pin(fd): what run() re-checks fd against; pin(-1) forgets"},
+    {"pin", (PyCFunction)Loop_pin, METH_VARARGS, "pin(fd): what run() re-checks fd against"},
     {"holds", (PyCFunction)Loop_holds, METH_VARARGS, "holds(fd) -> whether fd is still as pinned"},
     {"take", (PyCFunction)Loop_take, METH_NOARGS, "take() -> [(index, latency_ns, end_ns, zero)]"},
     {"schedule", (PyCFunction)Loop_schedule, METH_VARARGS, "schedule(start_ns, interval_ns): slot 0 at start"},

@@ -49,9 +49,9 @@ MAX_BATCH = 512
 # A probe that keeps nothing gives its timer one request a run, due at once: an interval it cannot overrun, so
 # that slots are counted missed by its worker's pacer alone.
 UNHELD_TIMER_INTERVAL_NS = 1 << 62
-RECHECK_S = 1.0  # a held write descriptor is checked again (fstat, size) before a batch, at most this often
-# ...and during a run, by the timer before a request, this long after the last check: it compares the descriptor
-# with its pin (Timer.pin: taken just before the check) and ends the run on any change, for the full check.
+# A held descriptor is checked when opened; then the timer, before a request this long after the last check,
+# compares it with its pin (Timer.pin: what the check judged) and ends the run on any change, for the full check
+# again. The checks judge nothing the pin leaves out, so a descriptor as pinned would pass them.
 HELD_RECHECK_S = 30.0
 PIN_TRIES = 3  # a descriptor that changes during each of this many checks in a row is refused
 # A probe may wake up to 1% of its interval late (at most 10 ms), on the same slot grid: the kernel then serves
@@ -370,9 +370,9 @@ class ProbeIO:
             os.close(fd)
             fd = None
         self.fd = fd
-        # When the held descriptor was last checked (open_checked), None when it must be before the next run. A
-        # descriptor handed over was checked by its opener, but not pinned: it is checked again before its first.
-        self._checked_ns: int | None = None
+        # Whether the held descriptor must be checked before the next run (open_checked): when it was opened, or a
+        # run's re-check found it changed. A descriptor handed over was checked by its opener, but not pinned.
+        self._must_check = True
 
     @property
     def inflight_since_ns(self) -> int:
@@ -398,16 +398,16 @@ class ProbeIO:
         self.io.let_go()
 
     def open_checked(self) -> None:
-        """open() (which checks what it opened), or re-check a held descriptor (size, links) if the last
-        check is more than RECHECK_S old or a run found it changed; on any failure, let go. The timer is given
-        the descriptor as it was just before each check (Timer.pin), and re-checks it during runs."""
+        """open() (which checks what it opened), and check a held descriptor (size, links) again if it is new or
+        a run found it changed; on any failure, let go. The timer is given the descriptor as each check judged it
+        (Timer.pin), and re-checks it during runs."""
         try:
             fresh = self.fd is None
             if fresh:
                 self.open()
             if self.fd is None or self.io.verify is None or not self.keep:
                 return  # nothing held past this probe: the opener's checks were enough
-            if fresh or self._checked_ns is None or time.monotonic_ns() - self._checked_ns >= RECHECK_S * 1e9:
+            if fresh or self._must_check:
                 self._check_and_pin(self.fd, self.io.verify)
         except OSError:
             self.let_go()
@@ -420,13 +420,13 @@ class ProbeIO:
             self.timer.pin(fd)
             verify(fd)
             if self.timer.holds(fd):
-                self._checked_ns = time.monotonic_ns()
+                self._must_check = False
                 return
         raise Refused(f"changed while it was checked, {PIN_TRIES} times in a row", self.io.path)
 
     def changed(self) -> None:
         """A run's re-check found the held descriptor changed: the next open_checked() checks it all again."""
-        self._checked_ns = None
+        self._must_check = True
 
     def offset_of(self, block: int) -> int:
         return self.io.region_start + block * self.block_size
@@ -667,7 +667,7 @@ class ProbeWorker:
                 if wait > 0:
                     self._stop_requested.wait(wait / 1e9)  # backing off; a stop ends it at once
                     continue
-                try:  # a held descriptor is checked again (RECHECK_S): a resized device stops its writes
+                try:  # a new or changed held descriptor is checked: a resized device stops its writes
                     probe.open_checked()
                 except OSError as err:
                     failures += 1

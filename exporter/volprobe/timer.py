@@ -107,7 +107,7 @@ class Timer(Protocol):
     def pin(self, fd: int) -> None:
         """Take fd as it is now (identity, type, mode, owner; a file's links and size, a device's size) as what
         run() re-checks it against; called just before the worker checks fd, so that any change after that check
-        is one a re-check sees. pin(-1) forgets it."""
+        is one a re-check sees."""
 
     def holds(self, fd: int) -> bool:
         """Whether fd is still as pinned: called after the worker's check, true when nothing changed during it."""
@@ -365,7 +365,7 @@ class PythonTimer:
             self._woken.wait(wait / 1e9)
 
     def pin(self, fd: int) -> None:
-        self._pin = fingerprint(fd) if fd >= 0 else None
+        self._pin = fingerprint(fd)
         self._checked_ns = time.perf_counter_ns()
 
     def holds(self, fd: int) -> bool:
