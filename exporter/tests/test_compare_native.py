@@ -501,6 +501,7 @@ def test_a_hostile_server_is_an_error_that_says_what_was_wrong_never_a_traceback
 # the noisiest single period's ratio (one CI run: p90 seen 3.4% apart overall, "inconclusive"). Over four, 0.4%.
 LIVE_PERIODS = 4
 LIVE_PERIOD_S = 15
+TOLERANCE = 0.10  # compare's default
 SAME_PROBES = 0.02  # the issue's bound between a native quantile and the exact one
 NATIVE_WIDTH = 2 ** (1 / 64)  # two schema-7 buckets, or one of schema 6: the widest a p50 bucket may be here
 
@@ -528,8 +529,9 @@ def test_native_histograms_of_lab_volumes_live(tmp_path, lab_volume, start_expor
     auto reads the native histograms: the slow volume is worse, with the ratio the exporter itself measured (its
     exact recent medians) within 5%, and each median within 2% of a p50 bucket at most 1.1% wide (the exact
     medians also hold the probes of the seconds before the span and just after it, and in one CI run lay 1.2%
-    below the span's bucket); the twins are equivalent (or, where what the probes saw of them differs by more than
-    5%, a verdict that what they saw does not contradict). --histograms classic on the same data reads the classic
+    below the span's bucket); the twins' medians are equivalent, and their p90s equivalent where compare's own
+    interval says so (or, where what the probes saw of them differs by more than 5%, verdicts that what they saw
+    does not contradict). --histograms classic on the same data reads the classic
     buckets, x1.33 to x1.5 wide there."""
     volumes = {
         "base": lab_volume(size=64 * MIB, write_latency=0.001, calibrate=False).device,
@@ -592,11 +594,18 @@ def test_native_histograms_of_lab_volumes_live(tmp_path, lab_volume, start_expor
     seen = [exact[("twin", q)] / exact[("base", q)] for q in ("0.5", "0.9")]
     verdicts = [q["verdict"] for q in equal["quantiles"]]
     assert status == verdict.EXIT_STATUS[equal["verdict"]], equal
-    if all(abs(ratio - 1) <= 0.05 for ratio in seen):  # well inside the 10% tolerance: compare must say so
-        assert verdicts == ["equivalent", "equivalent"], (equal, seen)
+    if all(abs(ratio - 1) <= 0.05 for ratio in seen):
+        # Well inside the 10% tolerance: the median, on which the periods agree closely, must be called equivalent.
+        # A p90 rests on each period's slowest few dozen probes: one period can reach past 10% and leave the
+        # interval crossing it (CI: the twins seen 3.3% apart at p90, inconclusive), which compare must then say.
+        assert verdicts[0] == "equivalent", (equal, seen)
+        for result in equal["quantiles"]:
+            low, high = result["interval"]
+            within = low >= 1 - TOLERANCE and high <= 1 + TOLERANCE
+            assert result["verdict"] == ("equivalent" if within else "inconclusive"), (equal, seen)
     for said, ratio in zip(verdicts, seen, strict=True):
         # In any case, no quantile's verdict contradicts what the probes saw, within the buckets' 5%.
-        assert said in verdicts_consistent_with(ratio, tolerance=0.10, slack=0.05), (equal, seen)
+        assert said in verdicts_consistent_with(ratio, tolerance=TOLERANCE, slack=0.05), (equal, seen)
 
     status, classic = live("slow", "--histograms", "classic")
     assert classic["histograms"] == "classic" and status in (1, 3), classic
