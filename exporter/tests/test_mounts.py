@@ -20,7 +20,16 @@ from volprobe.discovery import Host
 from volprobe.mixin import dashboards, rules
 
 from .support import dashboards as support_dashboards
-from .support.harness import MIB, probes_done, sample_value, threads, wait_until, write_config
+from .support.harness import (
+    MIB,
+    probe_report,
+    probes_done,
+    sample_value,
+    thread_stacks,
+    threads,
+    wait_until,
+    write_config,
+)
 
 pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.slow]
 
@@ -116,7 +125,8 @@ scrape_configs:
         scrapes += 1
         time.sleep(0.2)
     assert scrapes >= STALL_S / 2, scrapes
-    assert probes_done(exporter.metrics(), "disk") >= disk_reads + 10
+    after = exporter.metrics()
+    assert probes_done(after, "disk") >= disk_reads + 10, (probe_report(after, "disk"), thread_stacks(pid))
     wait_until(
         lambda: any(
             a["labels"]["alertname"] == "VolprobeMountHung" and a["state"] == "firing" for a in prometheus.alerts()

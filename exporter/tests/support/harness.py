@@ -91,6 +91,28 @@ def engine_threads(pid: int) -> int:
     return thread_names(pid).count(ENGINE_THREAD)
 
 
+def thread_stacks(pid: int) -> str:
+    """Each thread of a process as the kernel sees it now: name, state, and (as root) its kernel stack. For the
+    message of a failed assertion that some probe went on: says where a thread that should have was waiting."""
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda t: int(t.name)):
+        with contextlib.suppress(OSError):
+            state = next(line for line in (task / "status").read_text().splitlines() if line.startswith("State:"))
+            stack = [frame.split()[-1] for frame in (task / "stack").read_text().splitlines()[:8]]
+            lines.append(f"{task.name} {(task / 'comm').read_text().strip()!r} {state.split()[1]}: {' < '.join(stack)}")
+    return "\n".join(lines)
+
+
+def probe_report(samples: Samples, target: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """A target's probe series that tell why its probes did not go on: errors, failures, missed slots, the
+    request in flight and its interval."""
+    names = ("errors_total", "failures_total", "missed_total", "inflight_seconds", "interval_seconds")
+    return {
+        name: [(labels, v) for labels, v in samples.get(f"volprobe_probe_{name}", []) if labels["target"] == target]
+        for name in names
+    }
+
+
 def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "", every: float = 0.005) -> float:
     """Poll `condition` every `every` seconds until it holds; the monotonic time it was first seen to hold."""
     deadline = time.monotonic() + timeout
