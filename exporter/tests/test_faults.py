@@ -148,6 +148,52 @@ def test_a_stalled_request_that_returns_when_nothing_else_is_probed_is_followed_
             w.close()
 
 
+def test_a_slow_request_back_while_two_others_hang_is_still_watched(lab_volume):
+    """The probe engine, in this process, three probes due together (one interval, no jitter): two whose volumes
+    stall for good, and one whose every read takes 20 ms, past the grace. Found in CI: the slow request was
+    displaced, the next leader took one stalled request and the one after the other, finding the slow probe busy:
+    with nothing else to watch it disarmed the watchdog, and when the slow request came back, its run (mid-batch,
+    not listed again for 51 s) was due with no leader free and no watchdog armed. The probe stopped for the whole
+    stall. The displaced thread now arms the watchdog for it: the slow probe goes on at its pace."""
+    if timer._timedio is None:
+        pytest.skip("no C timer")
+    spec = ProbeConfig("read", 4096, interval=0.1, revisit=0.0, jitter=0.0)
+    # The slow one started first: listed first, so served first of the three in each slot, which is how it came.
+    volumes = {
+        "slow": lab_volume(size=16 * MIB, read_latency=0.02),
+        "stalling-1": lab_volume(size=16 * MIB, read_latency=0.0005),
+        "stalling-2": lab_volume(size=16 * MIB, read_latency=0.0005),
+    }
+    workers = {
+        name: probe.ProbeWorker(
+            spec, probe.IOTarget(volume.device, os.O_RDONLY | os.O_DIRECT, 0, 16 * MIB), ProbeStats(60.0)
+        )
+        for name, volume in volumes.items()
+    }
+    assert all(w.probe.engine for w in workers.values())
+    for w in workers.values():
+        w.start()
+    slow = workers["slow"]
+    try:
+        wait_until(lambda: all(w.completed >= 3 for w in workers.values()), what="probes before the stall")
+        for name in ("stalling-1", "stalling-2"):
+            volumes[name].set(stall=True)
+        wait_until(
+            lambda: all(workers[n].inflight_seconds() > 0.5 for n in ("stalling-1", "stalling-2")),
+            what="both requests stalled",
+        )
+        # Its pace is 10 a second: 20 in 5 s leaves room for a loaded machine, none for a stop.
+        before = slow.completed
+        wait_until(lambda: slow.completed >= before + 20, timeout=5, what="the slow probe going on")
+    finally:
+        for name in ("stalling-1", "stalling-2"):
+            volumes[name].set(stall=False)
+        for w in workers.values():
+            w.stop()
+            assert w.join(5.0)
+            w.close()
+
+
 def test_io_errors_are_counted_by_errno_and_probing_recovers(tmp_path, lab_volume, start_exporter):
     volume = lab_volume(size=64 * MIB, read_latency=0.0005)
     config = write_config(

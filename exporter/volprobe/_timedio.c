@@ -465,6 +465,19 @@ static void arm(long long at) { /* engine mutex held; 0 disarms */
     E.armed_ns = at;
 }
 
+/* While the leader is in a request (engine mutex held): the watchdog fires by `self`'s deadline plus its grace, if
+ * it was not armed sooner, so that a run due meanwhile is served by a take-over should that request outlive it.
+ * Wanted for a run that becomes servable while the leader is away: listed by run(), or settled by a displaced
+ * leader (the leader had found it busy, so did not count it when it armed, or disarmed, the watchdog). */
+static void cover(const Loop *self) {
+    if (!E.in_request)
+        return;
+    long long grace = slack_of(self) > MIN_GRACE_NS ? slack_of(self) : MIN_GRACE_NS, now = now_ns();
+    long long at = (self->deadline_ns > now ? self->deadline_ns : now) + grace;
+    if (E.armed_ns == 0 || at < E.armed_ns)
+        arm(at);
+}
+
 static void finish(Loop *self, int status) { /* engine mutex held: the run ends; its thread returns */
     for (Py_ssize_t k = 0; k < E.nloops; k++)
         if (E.loops[k] == self) {
@@ -561,6 +574,8 @@ static void lead(void) {
         pthread_mutex_lock(&E.mutex);
         settle(due, status, error, moved);
         if (E.generation != generation) { /* displaced while in the request: the leader serves its loop again */
+            if (due->listed) /* a leader now in a request of its own may have armed nothing for it */
+                cover(due);
             __atomic_add_fetch(&E.wake_word, 1, __ATOMIC_RELEASE);
             futex_wake_all(&E.wake_word);
             return;
@@ -707,10 +722,7 @@ static int run_by_engine(Loop *self, const long long *offsets, Py_ssize_t n, int
     else if (n > 0) {
         E.loops[E.nloops++] = self;
         self->listed = 1;
-        long long grace = slack_of(self) > MIN_GRACE_NS ? slack_of(self) : MIN_GRACE_NS, now = now_ns();
-        long long at = (self->deadline_ns > now ? self->deadline_ns : now) + grace;
-        if (E.in_request && (E.armed_ns == 0 || at < E.armed_ns))
-            arm(at); /* the leader is in a request: the watchdog serves this run too */
+        cover(self); /* the leader may be in a request: the watchdog serves this run too */
         __atomic_add_fetch(&E.wake_word, 1, __ATOMIC_RELEASE);
         futex_wake_all(&E.wake_word);
     }
