@@ -96,10 +96,13 @@ def thread_stacks(pid: int) -> str:
     message of a failed assertion that some probe went on: says where a thread that should have was waiting."""
     lines = []
     for task in sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda t: int(t.name)):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # the thread ended while we looked
             state = next(line for line in (task / "status").read_text().splitlines() if line.startswith("State:"))
-            stack = [frame.split()[-1] for frame in (task / "stack").read_text().splitlines()[:8]]
-            lines.append(f"{task.name} {(task / 'comm').read_text().strip()!r} {state.split()[1]}: {' < '.join(stack)}")
+            try:
+                stack = " < ".join(frame.split()[-1] for frame in (task / "stack").read_text().splitlines()[:8])
+            except PermissionError:
+                stack = "(its stack: root only)"
+            lines.append(f"{task.name} {(task / 'comm').read_text().strip()!r} {state.split()[1]}: {stack}")
     return "\n".join(lines)
 
 
