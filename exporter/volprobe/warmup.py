@@ -425,13 +425,15 @@ class WarmupJob:
             progress.base_bytes += progress.size
             progress.done_blocks = 0
             extents = Extents(nblocks)
+        done = Extents(nblocks)
+        done.mark = nblocks
+        # Saved before it is shown done: what a scrape sees done is done after a kill -9 too (and an earlier
+        # version's checkpoint already set aside).
+        self._save("done", done)
         progress.base_bytes -= progress.size
         progress.done_blocks = nblocks
         progress.state = "done"
         progress.finished = time.monotonic()
-        done = Extents(nblocks)
-        done.mark = nblocks
-        self._save("done", done)
 
     def _pass(self, phase: str, extents: Extents) -> None:
         progress = self.progress
