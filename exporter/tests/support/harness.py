@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -114,6 +114,33 @@ def probe_report(samples: Samples, target: str) -> dict[str, list[tuple[dict[str
         name: [(labels, v) for labels, v in samples.get(f"volprobe_probe_{name}", []) if labels["target"] == target]
         for name in names
     }
+
+
+class OpenFiles:
+    """This process's descriptors open on one filesystem, told by the file each one opens (its device and inode),
+    never by its name: a file opened through a private copy of a mount (volprobe.privatemount) is named from the
+    copy's root, "/probe", not from where the test made it. Those open when it was made are not counted, nor
+    those on the files `besides` (what the code under test keeps open by design)."""
+
+    def __init__(self, path: Path, besides: Iterable[Path] = ()) -> None:
+        self.device = path.stat().st_dev
+        self.besides = {(p.stat().st_dev, p.stat().st_ino) for p in besides}
+        self.before = self._open()
+
+    def _open(self) -> dict[str, tuple[int, int]]:
+        found = {}
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # closed meanwhile, or the listing's own descriptor
+                opened = os.stat(f"/proc/self/fd/{fd}")
+                if opened.st_dev == self.device:
+                    found[fd] = (opened.st_dev, opened.st_ino)
+        return found
+
+    def new(self) -> list[str]:
+        """The descriptors on the filesystem now that were not open (on that file) before."""
+        return sorted(
+            fd for fd, file in self._open().items() if self.before.get(fd) != file and file not in self.besides
+        )
 
 
 def wait_until(condition: Callable[[], object], timeout: float = 10.0, what: str = "", every: float = 0.005) -> float:
