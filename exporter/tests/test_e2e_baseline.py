@@ -45,7 +45,10 @@ def test_no_regression_alert_against_a_baseline_younger_than_its_minimum_history
         assert time.monotonic() < deadline, "no baseline of 50 s recorded"
         time.sleep(1)
 
-    volume.set(read_latency=0.025)  # +24 ms: above 2x the baseline and its 16 ms minimum increase
+    # +49 ms: above 2x the baseline and its 16 ms minimum increase with room to spare. The parallel suite's load
+    # lifts the healthy p99 a few ms (the baseline) and jitters the raised one; at +24 ms the unguarded condition
+    # once flickered off throughout the 120 s (CI run 22).
+    volume.set(read_latency=0.05)
     held_since: float | None = None
     deadline = time.monotonic() + 120
     while held_since is None or time.monotonic() - held_since < HELD_S:
