@@ -32,10 +32,9 @@ TRANSIENT_ON_HEALTHY = {"VolprobeLatencyRegression": 40.0}
 LATENCY_ALERTS = {"VolprobeLatencyHigh", "VolprobeLatencyRegression", "VolprobeCommitLatencyHigh"}
 
 
-@pytest.mark.parametrize("version", PROMETHEUS_VERSIONS)
-def test_alerts_fire_where_they_should_and_dashboards_have_data(
-    tmp_path, lab_volume, start_exporter, start_prometheus, version
-):
+def test_alerts_fire_where_they_should_and_dashboards_have_data(tmp_path, lab_volume, start_exporter, start_prometheus):
+    """Both Prometheus versions (2.42, Debian's, and 3.x) at once, each with the rules, scraping the one exporter:
+    each must fire every expected alert and no other, and give every dashboard query data."""
     volumes = {
         "healthy": lab_volume(size=64 * MIB, read_latency=0.0005, write_latency=0.0005),
         "capped": lab_volume(size=64 * MIB, read_latency=0.001, iops_limit=300),
@@ -67,7 +66,12 @@ targets:
     pages.mkdir()
     (pages / devices["healthy"]).write_bytes(counters_page(60.0))
     exporter = start_exporter("--config", str(config), env={"VOLPROBE_TEST_NVME_PAGES": str(pages)})
-    prometheus = start_with_rules(start_prometheus, tmp_path, exporter.port, "2s", version)
+    servers = {}
+    for version in PROMETHEUS_VERSIONS:
+        (tmp_path / f"rules-{version}").mkdir()
+        servers[version] = start_with_rules(
+            start_prometheus, tmp_path / f"rules-{version}", exporter.port, "2s", version
+        )
     # The detector learns the unloaded latency from the probes: let them see the capped volume idle first.
     exporter.wait_for(
         lambda s: probes_done(s, "capped") >= 12,
@@ -96,17 +100,21 @@ targets:
         "regression": ("VolprobeLatencyRegression", {"target": "regress"}),
         "errors": ("VolprobeProbeErrors", {"target": "flaky", "op": "read"}),
     }
-    seen: dict[str, float] = {}
-    on_healthy: dict[str, float] = {}  # alert name -> when it was first seen firing on the healthy volume
+    everything = {*expected, "fleet"}
+    # Per version: what was seen firing (and the fleet table showing the failures) and when.
+    seen: dict[str, dict[str, float]] = {version: {} for version in servers}
+    # Per version: alert name -> when it was first seen firing on the healthy volume.
+    on_healthy: dict[str, dict[str, float]] = {version: {} for version in servers}
     stalled = raised = False
     burst = "before"  # the flaky volume's burst of failures: before, during, after
     fleet_errors = fleet_query("F")
 
+    def done() -> bool:
+        return all(set(found) == everything for found in seen.values()) and not any(on_healthy.values())
+
     try:
         # Watched for 30 s after the raise at least: "warm" would go pending within a few evaluations.
-        while (set(seen) != {*expected, "fleet"} or on_healthy or time.monotonic() - started < 70) and (
-            time.monotonic() - started < 240
-        ):
+        while (not done() or time.monotonic() - started < 70) and time.monotonic() - started < 240:
             elapsed = time.monotonic() - started
             if not stalled and elapsed > 28:
                 volumes["stalled"].set(stall=True)
@@ -115,59 +123,79 @@ targets:
             # as long again after the raise, and the alert needs 6 s.
             if not raised and elapsed > 40:
                 # "warm" slows as much, while volprobe warms it up (128 KiB/s of 64 MiB: all the test long).
-                assert prometheus.query('volprobe_warmup_state{target="warm", state="running"} == 1'), "not warming"
+                for version, prometheus in servers.items():
+                    running = 'volprobe_warmup_state{target="warm", state="running"} == 1'
+                    assert prometheus.query(running), f"not warming (Prometheus {version})"
                 volumes["regress"].set(read_latency=0.025, write_latency=0.025)
                 volumes["warm"].set(read_latency=0.025)
                 raised = True
             if burst == "before" and elapsed > 20:
                 # The first failure of a healthy probe: Prometheus has its failures counter at 0 already.
-                assert prometheus.query(f'{FAILURES}{{target="flaky"}} == 0'), "failures counter absent before"
+                for version, prometheus in servers.items():
+                    at_zero = prometheus.query(f'{FAILURES}{{target="flaky"}} == 0')
+                    assert at_zero, f"failures counter absent before (Prometheus {version})"
                 volumes["flaky"].set(fail_reads=0.5)
                 burst = "during"
             if burst == "during" and exporter_failures(exporter, "flaky") >= 1:
                 volumes["flaky"].set(fail_reads=0.0)
                 burst = "after"
-            if burst == "after" and "errors" in seen and "fleet" not in seen:
-                shown = prometheus.query(
-                    substitute(fleet_errors, {**ALL_CLAIMS, "$cluster": ".*", "$job": "volprobe", "$instance": ".*"})
-                )
-                if any(r["metric"].get("target") == "flaky" and float(r["value"][1]) > 0 for r in shown):
-                    seen["fleet"] = elapsed
-            alerts = prometheus.alerts()
-            on_warm = [
-                a for a in alerts if a["labels"].get("target") == "warm" and a["labels"]["alertname"] in LATENCY_ALERTS
-            ]
-            assert on_warm == [], f"a latency alert on the volume volprobe warms up: {on_warm}"
-            quiet = [
-                a
-                for a in alerts
-                if a["state"] == "firing"
-                and (a["labels"].get("target") == "healthy" or a["labels"].get("device") == devices["healthy"])
-            ]
-            names = {a["labels"]["alertname"] for a in quiet}
-            on_healthy = {name: on_healthy.get(name, elapsed) for name in names}  # one that ended is forgotten
-            lasting = [
-                a
-                for a in quiet
-                if elapsed - on_healthy[a["labels"]["alertname"]]
-                > TRANSIENT_ON_HEALTHY.get(a["labels"]["alertname"], -1)
-            ]
-            assert lasting == [], f"an alert on the healthy volume: {lasting}"
-            for key, (name, labels) in expected.items():
-                if key not in seen and firing(alerts, name, **labels):
-                    seen[key] = elapsed
+            for version, prometheus in servers.items():
+                watch(prometheus, version, elapsed, expected, devices, seen[version], on_healthy[version])
+                if burst == "after" and "errors" in seen[version] and "fleet" not in seen[version]:
+                    values = {**ALL_CLAIMS, "$cluster": ".*", "$job": "volprobe", "$instance": ".*"}
+                    shown = prometheus.query(substitute(fleet_errors, values))
+                    if any(r["metric"].get("target") == "flaky" and float(r["value"][1]) > 0 for r in shown):
+                        seen[version]["fleet"] = elapsed
             time.sleep(2)
-        if set(seen) != {*expected, "fleet"}:
-            capped = [line for line in exporter.get().splitlines() if devices["capped"] in line]
-            raise AssertionError(
-                f"fired: {seen}; alerts: {json.dumps(prometheus.alerts())[:3000]}\ncapped: {capped}\n"
-                f"log: {exporter.log()[-3000:]}"
-            )
-        check_dashboards(prometheus, exporter.port, devices)
+        for version, prometheus in servers.items():
+            if set(seen[version]) != everything:
+                capped = [line for line in exporter.get().splitlines() if devices["capped"] in line]
+                raise AssertionError(
+                    f"Prometheus {version} fired: {seen[version]}; alerts: {json.dumps(prometheus.alerts())[:3000]}"
+                    f"\ncapped: {capped}\nlog: {exporter.log()[-3000:]}"
+                )
+        for prometheus in servers.values():
+            check_dashboards(prometheus, exporter.port, devices)
     finally:
         volumes["stalled"].set(stall=False)
         stop_fio(load)
     assert exporter.stop() == 0
+
+
+def watch(
+    prometheus,
+    version: str,
+    elapsed: float,
+    expected: dict[str, tuple[str, dict[str, str]]],
+    devices: dict[str, str],
+    seen: dict[str, float],
+    on_healthy: dict[str, float],
+) -> None:
+    """One look at a Prometheus's alerts: no latency alert on the volume being warmed up, none lasting on the
+    healthy one; the expected ones seen firing are noted in `seen` (with when)."""
+    alerts = prometheus.alerts()
+    on_warm = [a for a in alerts if a["labels"].get("target") == "warm" and a["labels"]["alertname"] in LATENCY_ALERTS]
+    assert on_warm == [], f"a latency alert on the volume volprobe warms up (Prometheus {version}): {on_warm}"
+    quiet = [
+        a
+        for a in alerts
+        if a["state"] == "firing"
+        and (a["labels"].get("target") == "healthy" or a["labels"].get("device") == devices["healthy"])
+    ]
+    names = {a["labels"]["alertname"] for a in quiet}
+    for gone in set(on_healthy) - names:  # one that ended is forgotten
+        del on_healthy[gone]
+    for name in names:
+        on_healthy.setdefault(name, elapsed)
+    lasting = [
+        a
+        for a in quiet
+        if elapsed - on_healthy[a["labels"]["alertname"]] > TRANSIENT_ON_HEALTHY.get(a["labels"]["alertname"], -1)
+    ]
+    assert lasting == [], f"an alert on the healthy volume (Prometheus {version}): {lasting}"
+    for key, (name, labels) in expected.items():
+        if key not in seen and firing(alerts, name, **labels):
+            seen[key] = elapsed
 
 
 FAILURES = "volprobe_probe_failures_total"
