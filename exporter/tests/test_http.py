@@ -35,7 +35,7 @@ from volprobe.server import (
 from volprobe.webconfig import WebConfig, WebConfigWatcher
 
 from .support.connections import exchange, read_until_closed
-from .support.harness import MIB, write_config
+from .support.harness import MIB, free_port, write_config
 
 
 def request(port: int, method: str, path: str, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
@@ -344,6 +344,43 @@ def test_a_thousand_idle_and_64_kept_alive_connections_keep_no_scrape_or_health_
     assert [status for status, _ in answers] == [200] * 24
     assert threads_now <= threads + RENDER_WORKERS, "no thread per connection (a render worker may start)"
     assert grown <= 1064 * 16 * 1024, f"{grown / 1064 / 1024:.1f} KiB a connection"
+    assert exporter.stop() == 0
+
+
+def test_listeners_share_the_bound_so_that_filling_every_one_leaves_the_reserve(tmp_path, start_exporter):
+    """Two listen addresses, under an open-files limit that leaves room for 64 connections beside the reserve: each
+    holds 32. So one address that fills both holds 64 in all, not 128: with a hard limit this low, a bound per
+    listener would have taken the probes' descriptors."""
+    bound = 64
+    limit = OPEN_FILES_RESERVE + bound
+    second = free_port()
+    exporter = start_exporter(
+        *no_targets(tmp_path),
+        "--web.listen-address",
+        f"127.0.0.1:{second}",
+        prefix=("prlimit", f"--nofile={limit}:{limit}", "--"),
+    )
+    assert f"at most {bound} connections" in exporter.log()
+    # Kept-alive after a request each, so that only room-making closes them within the test (an idle kept-alive
+    # connection is held for 30 s; one that never sent a request, 5 s).
+    hogs: dict[int, list[http.client.HTTPConnection]] = {exporter.port: [], second: []}
+    try:
+        for port, held in hogs.items():
+            for _ in range(bound):
+                hog = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=("127.0.0.2", 0))
+                hog.request("GET", "/-/healthy")
+                assert hog.getresponse().read()
+                held.append(hog)
+        for port, held in hogs.items():
+            # Room was made for each connection past the share, the oldest first; the share is held.
+            closed = [read_until_closed(hog.sock, within=5)[1] for hog in held[: bound // 2]]
+            assert closed.count(True) == bound // 2, f"{closed.count(False)} over the share kept open on {port}"
+            assert select.select([hog.sock for hog in held[bound // 2 :]], [], [], 0)[0] == [], f"share on {port}"
+        for port in hogs:
+            assert request(port, "GET", "/metrics").status == 200  # a newcomer from another address, on each
+    finally:
+        for hog in itertools.chain.from_iterable(hogs.values()):
+            hog.close()
     assert exporter.stop() == 0
 
 

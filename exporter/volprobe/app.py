@@ -31,6 +31,7 @@ from .logs import LOG_FORMATS, fields, problem_key, setup_logging
 from .runtime import Exporter
 from .server import (
     ExporterHTTPServer,
+    connection_bound,
     landing_page,
     parse_listen_address,
     raise_open_files_limit,
@@ -207,6 +208,9 @@ class App:
                 raise ListenError("--web.systemd-socket: systemd passed no socket (LISTEN_FDS, LISTEN_PID)")
             listeners = [(f"systemd socket {_socket_name(sock)}", sock) for sock in passed]
         self.listening = [text for text, _ in listeners]
+        # The bound is the process's (its descriptors, its memory): each listener holds its share, so that whoever
+        # fills every listener still leaves the probes their reserve of open files.
+        share = max(1, connection_bound() // max(1, len(listeners)))
         for text, address in listeners:
             try:
                 self.servers.append(
@@ -217,6 +221,7 @@ class App:
                         self.landing,
                         self.args.telemetry_path,
                         max_requests=self.args.max_requests,
+                        max_connections=share,
                     )
                 )
             except OSError as err:
@@ -242,7 +247,7 @@ class App:
             __version__,
             listen,
             len(self.exporter.probes.running()),
-            min(server.max_connections for server in self.servers),
+            sum(server.max_connections for server in self.servers),
         )
 
     def landing(self) -> str:
