@@ -176,7 +176,6 @@ class Exporter:
         except ConfigError:
             self.note_reload(False)
             raise
-        self.note_reload(True)
 
     def note_reload(self, ok: bool) -> None:
         """The outcome of the last reload, exported as volprobe_config_last_reload_*; a file that does not parse
@@ -196,6 +195,9 @@ class Exporter:
             self._switch_config(change)  # before any new probe starts: it reads window and buckets from it
             self._start_new(change)
             self._apply_policies(change)  # last: throttle and discovery see the final set of targets
+        # Noted before it is logged: once the log says it was reloaded, volprobe_config_last_reload_successful says
+        # so too (a test that waited for the line read 0 once).
+        self.note_reload(True)
         self._log_reload(change.plan)
         if self.config.discovery is not None:
             self.follower.rescan()  # apply discovery changes now, not at the next rescan
