@@ -8,10 +8,11 @@ import time
 import pytest
 from lab import lab
 
-from volprobe import probe, timer
+from volprobe import probe, targets, timer
 from volprobe.config import ProbeConfig
 from volprobe.stats import RELATIVE_ERROR, ProbeStats
 
+from .support.attacks import prepared
 from .support.harness import (
     ENGINE_MOST_IDLE,
     MIB,
@@ -195,6 +196,67 @@ def test_a_slow_request_back_while_two_others_hang_is_still_watched(lab_volume):
             w.stop()
             assert w.join(5.0)
             w.close()
+
+
+@pytest.mark.lab
+def test_a_recheck_hung_on_a_mount_delays_no_other_probe(tmp_path, fuse_directory, lab_volume, monkeypatch):
+    """The re-check of a held probe file (an fstat, HELD_RECHECK_S apart) on a FUSE mount whose getattr hangs,
+    its writes still answered: the engine treats the fstat as a request, so it shows in flight, a watcher takes
+    over, and a probe of another volume keeps its pace; released, the writes go on. Control first: with no
+    re-check due, the same stall of getattr leaves the writes going (a write asks no getattr)."""
+    if timer._timedio is None:
+        pytest.skip("no C timer")
+    fuse = fuse_directory()
+    data = fuse.path / "data"
+    data.mkdir()
+    host, resolved = prepared(tmp_path, data, "[{op: write}]", "4MiB")
+    target = resolved[0]
+    io = targets.io_target(host, target, target.probes[0])
+    os.close(target.fds.pop("write"))
+    volume = lab_volume(size=16 * MIB, read_latency=0.0005)
+    other = probe.ProbeWorker(
+        ProbeConfig("read", 4096, interval=0.05, jitter=0.0),
+        probe.IOTarget(volume.device, os.O_RDONLY | os.O_DIRECT, 0, 16 * MIB),
+        ProbeStats(60.0),
+    )
+    monkeypatch.setattr(probe, "HELD_RECHECK_S", 3600.0)  # the control: none due
+    writes = probe.ProbeWorker(ProbeConfig("write", 4096, interval=0.05, jitter=0.0), io, ProbeStats(60.0), seed=1)
+    assert writes.probe.engine and other.probe.engine
+    workers = (writes, other)
+    for w in workers:
+        w.start()
+    try:
+        wait_until(lambda: writes.completed >= 5 and other.completed >= 5, 10, "probes before the stall")
+        fuse.stall("meta")
+        written = writes.completed
+        wait_until(lambda: writes.completed >= written + 20, 10, "writes with getattr stalled, no re-check due")
+        fuse.release()
+        writes.stop()
+        assert writes.join(5.0)
+        writes.close()
+        # Again with a re-check every 0.3 s: the first one due after the stall hangs in getattr.
+        monkeypatch.setattr(probe, "HELD_RECHECK_S", 0.3)
+        writes = probe.ProbeWorker(ProbeConfig("write", 4096, interval=0.05, jitter=0.0), io, ProbeStats(60.0))
+        workers = (writes, other)
+        writes.start()
+        wait_until(lambda: writes.completed >= 10, 10, "writes through re-checks")
+        fuse.stall("meta")
+        wait_until(lambda: writes.inflight_seconds() > 1.0, 10, "the re-check hung, shown in flight")
+        stalled_at = writes.completed
+        # Its pace is 20 a second: 40 in 4 s leaves room for a loaded machine, none for a stop.
+        before = other.completed
+        wait_until(lambda: other.completed >= before + 40, 4, "the other probe going on")
+        assert writes.completed == stalled_at, "a write past a re-check that never answered"
+        fuse.release()
+        wait_until(lambda: writes.completed > stalled_at + 5, 10, "the writes after the release")
+        assert writes.error_counts() == {} and other.error_counts() == {}
+    finally:
+        fuse.release()
+        for w in workers:
+            w.stop()
+            assert w.join(5.0)
+            w.close()
+        targets.close(resolved)
 
 
 def test_io_errors_are_counted_by_errno_and_probing_recovers(tmp_path, lab_volume, start_exporter):
