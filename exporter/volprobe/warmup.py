@@ -432,7 +432,8 @@ class WarmupJob:
         self._save("done", done)
         progress.base_bytes -= progress.size
         progress.done_blocks = nblocks
-        progress.state = "done"
+        if progress.state == "running":  # not over a `failed` its owner set meanwhile (a stop that timed out)
+            progress.state = "done"
         progress.finished = time.monotonic()
 
     def _pass(self, phase: str, extents: Extents) -> None:

@@ -200,7 +200,10 @@ class Exporter:
         self.note_reload(True)
         self._log_reload(change.plan)
         if self.config.discovery is not None:
-            self.follower.rescan()  # apply discovery changes now, not at the next rescan
+            try:
+                self.follower.rescan()  # apply discovery changes now, not at the next rescan
+            except OSError as err:  # a device vanishing mid-read: the reload stands, the next rescan retries
+                log.warning("rescan after the reload failed (the next one retries): %s", err)
 
     def _plan_reload(self, config: Config) -> _Change:
         """Resolve the new configuration (every check, as at start-up) and match it with what runs. No I/O
