@@ -370,7 +370,7 @@ def test_the_exporter_follows_pod_volumes_from_the_node_mount_table(tmp_path: Pa
         assert exporter.probe_readings() == []  # the mount check only: nothing probed, nothing written
         # Nothing held between checks (a check in flight holds its directory for a moment): told by the file, not
         # its name, as a check opens it through a private copy of the mount.
-        wait_until(lambda: opened.new() == [], timeout=2, what="no descriptor on the volumes' filesystem")
+        wait_until(lambda: opened.new() == [], timeout=10, what="no descriptor on the volumes' filesystem")
         # A reload keeps following.
         exporter.reload(config.parse(yaml.safe_load(text + "defaults: {window: 60s}\n")))
         # The FUSE volume is unmounted: its series go at the next rescan.
