@@ -119,7 +119,7 @@ def probe_report(samples: Samples, target: str) -> dict[str, list[tuple[dict[str
 class OpenFiles:
     """This process's descriptors open on one filesystem, told by the file each one opens (its device and inode),
     never by its name: a file opened through a private copy of a mount (volprobe.privatemount) is named from the
-    copy's root, "/probe", not from where the test made it. Those open when it was made are not counted, nor
+    copy's root ("/.volprobe-probe"), not from where the test made it. Those open when it was made are not counted, nor
     those on the files `besides` (what the code under test keeps open by design)."""
 
     def __init__(self, path: Path, besides: Iterable[Path] = ()) -> None:
