@@ -52,14 +52,18 @@ def test_caps_are_flagged_within_60s_with_their_ceiling(tmp_path, lab_volume, st
     ]
     started = time.monotonic()
     flagged: dict[str, float] = {}
+    # Probes back off on a throttled disk (10x their interval), and are a small share of its I/O. That holds while
+    # the verdict does: once a plateau is judged over (the load can ease on a busy machine), the interval is the
+    # configured one again. So each volume's back-off is read in a scrape that also shows its cap flagged.
+    backed_off: dict[str, float] = {}
+    seen: dict[str, list[tuple[float, float, float]]] = {name: [] for name in caps}  # (active, interval, share)
     try:
-        while len(flagged) < len(caps) and time.monotonic() - started < 62:
+        while (len(flagged) < len(caps) or len(backed_off) < len(caps)) and time.monotonic() - started < 70:
             samples = exporter.metrics()
             for name, (volume, limit, cap) in caps.items():
                 dev = device_of(volume)
-                if name in flagged:
-                    continue
-                if sample_value(samples, "volprobe_throttle_active", device=dev, limit=limit, dir="read") == 1:
+                active = sample_value(samples, "volprobe_throttle_active", device=dev, limit=limit, dir="read")
+                if active == 1 and name not in flagged:
                     flagged[name] = time.monotonic() - started
                     metric = "ops" if limit == "iops" else "bytes"
                     ceiling = sample_value(
@@ -68,19 +72,20 @@ def test_caps_are_flagged_within_60s_with_their_ceiling(tmp_path, lab_volume, st
                     assert abs(ceiling - cap) <= 0.03 * cap, (name, ceiling, cap)
                     other = "bandwidth" if limit == "iops" else "iops"
                     assert sample_value(samples, "volprobe_throttle_active", device=dev, limit=other, dir="read") == 0
+                if name in flagged and name not in backed_off:
+                    interval = sample_value(samples, "volprobe_probe_interval_seconds", target=name)
+                    share = sample_value(samples, "volprobe_probe_share_ratio", device=dev)
+                    seen[name].append((active, interval, share))
+                    if active == 1 and interval == 2.0 and share < 0.05:
+                        backed_off[name] = time.monotonic() - started
             time.sleep(1)
         assert set(flagged) == set(caps), f"flagged after {flagged}; log:\n{exporter.log()[-2000:]}"
         assert max(flagged.values()) <= 60
+        assert set(backed_off) == set(caps), {name: seen[name][-5:] for name in set(caps) - set(backed_off)}
         samples = exporter.metrics()
-        for name, (volume, _, _) in caps.items():
+        for volume, limit, _ in caps.values():
             dev = device_of(volume)
-            # Probes back off on a throttled disk (10x their interval), and are a small share of its I/O.
-            assert sample_value(samples, "volprobe_probe_interval_seconds", target=name) == 2.0
-            assert sample_value(samples, "volprobe_probe_share_ratio", device=dev) < 0.05
-            assert (
-                sample_value(samples, "volprobe_throttle_seconds_total", device=dev, dir="read", limit=caps[name][1])
-                > 0
-            )
+            assert sample_value(samples, "volprobe_throttle_seconds_total", device=dev, dir="read", limit=limit) > 0
     finally:
         for load in loads:
             stop_fio(load)
