@@ -31,6 +31,7 @@ from .logs import LOG_FORMATS, fields, problem_key, setup_logging
 from .runtime import Exporter
 from .server import (
     ExporterHTTPServer,
+    address_text,
     connection_bound,
     landing_page,
     parse_listen_address,
@@ -153,7 +154,7 @@ def _socket_name(sock: socket.socket) -> str:
         name = sock.getsockname()
     except OSError:
         return f"fd {sock.fileno()}"
-    return f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(name)
+    return address_text(name)
 
 
 def _load_config(args: argparse.Namespace) -> Config:

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-FIELDS = ("target", "device", "path", "op", "errno", "key")
+FIELDS = ("target", "device", "path", "op", "errno", "key", "address")
 _BARE = re.compile(r"[^\s\"=\\\x00-\x1f\x7f]+")  # a logfmt value written without quotes
 
 

@@ -51,6 +51,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__, protobuf
 from .exposition import OPENMETRICS_ESCAPINGS, TextExposition
+from .logs import fields
 from .osthread import name_this_thread
 from .webconfig import Credential, TokenBucket, WebConfig, WebConfigWatcher, certificate_sans
 
@@ -425,6 +426,14 @@ class _Stream:
             self.writer.write(self._outgoing.read())
 
 
+def address_text(name: object) -> str:
+    """A socket's address as node_exporter logs it: host:port, an IPv6 host in brackets ([::]:9100)."""
+    if isinstance(name, tuple) and len(name) >= 2:
+        host, port = name[0], name[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(name)
+
+
 class ExporterHTTPServer:
     """One listening socket, served by an event loop in the thread that calls serve_forever()."""
 
@@ -472,6 +481,7 @@ class ExporterHTTPServer:
         if isinstance(address, socket.socket):
             self.socket = address
             self.server_address: _Client = self.socket.getsockname()
+            self.address = address_text(self.server_address)
             return
         host = address[0]
         family = socket.AF_INET6 if (not host or ":" in host) else socket.AF_INET
@@ -487,6 +497,7 @@ class ExporterHTTPServer:
             self.socket.close()
             raise
         self.server_address = self.socket.getsockname()
+        self.address = address_text(self.server_address)  # its log lines' address field, as node_exporter's
 
     # -- running ---------------------------------------------------------------------------------------------
 
@@ -555,11 +566,12 @@ class ExporterHTTPServer:
         return encoder(self.registry), content_type
 
     def _warn(self, what: str, message: str, *args: object) -> None:
-        """A warning at most once a minute for each `what`: a flood must not flood the log too."""
+        """A warning at most once a minute for each `what`: a flood must not flood the log too. Its address field
+        says which listener (each has its own share of the connections)."""
         now = time.monotonic()
         if now - self._logged.get(what, -60.0) >= 60:
             self._logged[what] = now
-            log.warning(message, *args)
+            log.warning(message, *args, extra=fields(address=self.address))
 
     async def _web_config(self) -> WebConfig:
         """The web config as it is now (its files looked at on a thread of its own); the one in force if that
