@@ -525,6 +525,11 @@ PROMETHEUS_3 = Path(os.environ.get("VOLPROBE_PROMETHEUS_3", "/var/cache/volprobe
 PROMETHEUS_VERSIONS = ("2", "3")
 
 
+def prometheus_built(version: str) -> bool:
+    """Whether Prometheus `version` can be run here (2 is Debian's; 3 only where .ci/run built it)."""
+    return version == "2" or os.access(PROMETHEUS_3 / "prometheus", os.X_OK)
+
+
 def prometheus_tool(name: str, version: str = "2") -> str:
     """The `prometheus` or `promtool` command of Prometheus `version` ("2" or "3"); skips the test when 3 was not
     built (.ci/run always builds it)."""
