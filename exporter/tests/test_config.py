@@ -9,6 +9,7 @@ import pytest
 from volprobe import config
 
 from .support.harness import probes_done, sample_value, volprobe_command, wait_until
+from .support.hostile_yaml import chain, laughs
 
 # (name, YAML, the key path the first problem must name, a word the message must contain)
 BAD_CONFIGS = [
@@ -224,7 +225,27 @@ HOSTILE_FILES = [
     ("a Latin-1 byte", b"targets: []\n# caf\xe9\n", "not UTF-8 text: byte 0xe9 at line 2"),
     ("2000-deep nesting", b"targets: " + b"[" * 2000 + b"]" * 2000 + b"\n", "nested more than 32 deep"),
     ("over 1 MiB", b"targets: []\n" + (b"#" * 1023 + b"\n") * 1100, "more than a configuration may be"),
+    # Aliases: walked, the first's one name was 10^9 values, and its error message took 11 GiB and minutes.
+    ("billion laughs", laughs() + b"targets: [{name: *l8, directory: /tmp}]\n", "more than 100000 added"),
+    ("aliases 40 deep", chain() + b"targets: [{name: *c39, directory: /tmp}]\n", "32 deep through aliases"),
+    ("an alias inside its anchor", b"targets: [{name: &a [*a], directory: /tmp}]\n", "inside the node it names"),
 ]
+
+
+def test_aliases_within_their_bounds_load(tmp_path):
+    """Anchors and aliases as a configuration uses them: a thousand targets sharing one list of probes (the bound
+    on what aliases add leaves room for ten times that), each target's probes the very list written once."""
+    path = tmp_path / "volprobe.yml"
+    lines = ["targets:"]
+    lines += [
+        f"  - {{name: t{i}, device: /dev/t{i}, allow_raw_writes: true, probes: "
+        + ("&probes [{op: read, interval: 2s}, {op: write}]}" if i == 0 else "*probes}")
+        for i in range(1000)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    loaded = config.load(path)
+    assert len(loaded.targets) == 1000
+    assert {(str(p.op), p.interval) for t in loaded.targets for p in t.probes} == {("read", 2.0), ("write", 1.0)}
 
 
 @pytest.mark.parametrize("content,why", [pytest.param(c, w, id=n) for n, c, w in HOSTILE_FILES])

@@ -25,6 +25,7 @@ from volprobe.server import HEAD_DEADLINE_S
 from .support import toolkit
 from .support.connections import read_until_closed
 from .support.harness import sample_value, volprobe_command
+from .support.hostile_yaml import laughs
 from .support.pki import make_pki, openssl
 
 PASSWORD = "correct horse battery staple"
@@ -454,6 +455,7 @@ def test_x25519_works_or_is_refused_naming_the_key(pki, tmp_path):
 HOSTILE_WEB_CONFIGS = [
     ("2000-deep nesting", b"http_server_config: " + b"[" * 2000 + b"]" * 2000 + b"\n", "nested more than 32 deep"),
     ("over 1 MiB", b"http_server_config: {}\n" + (b"#" * 1023 + b"\n") * 1100, "more than a configuration may be"),
+    ("billion laughs", laughs() + b"http_server_config: {headers: {X-Laugh: *l8}}\n", "more than 100000 added"),
 ]
 
 
