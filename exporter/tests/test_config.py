@@ -1,15 +1,18 @@
 """Bad configs are rejected with the offending key named; good ones give the documented defaults."""
 
+import contextlib
 import signal
 import subprocess
 import textwrap
+import time
 
 import pytest
+import yaml
 
-from volprobe import config
+from volprobe import config, yamlfile
 
 from .support.harness import probes_done, sample_value, volprobe_command, wait_until
-from .support.hostile_yaml import chain, laughs
+from .support.hostile_yaml import chain, laughs, wide
 
 # (name, YAML, the key path the first problem must name, a word the message must contain)
 BAD_CONFIGS = [
@@ -226,7 +229,16 @@ HOSTILE_FILES = [
     ("2000-deep nesting", b"targets: " + b"[" * 2000 + b"]" * 2000 + b"\n", "nested more than 32 deep"),
     ("over 1 MiB", b"targets: []\n" + (b"#" * 1023 + b"\n") * 1100, "more than a configuration may be"),
     # Aliases: walked, the first's one name was 10^9 values, and its error message took 11 GiB and minutes.
-    ("billion laughs", laughs() + b"targets: [{name: *l8, directory: /tmp}]\n", "more than 100000 added"),
+    ("billion laughs", laughs() + b"targets: [{name: *l5, directory: /tmp}]\n", "more than 100000 added"),
+    ("one list named by 50000 aliases", wide() + b"targets: []\n", "more than 100000 added"),
+    (
+        "a 100 KB path named by 20 aliases",
+        b"targets:\n  - {name: t0, directory: &p /"
+        + b"a" * 100_000
+        + b"}\n"
+        + b"".join(b"  - {name: t%d, directory: *p}\n" % i for i in range(1, 21)),
+        "more than 1048576 added",
+    ),
     ("aliases 40 deep", chain() + b"targets: [{name: *c39, directory: /tmp}]\n", "32 deep through aliases"),
     ("an alias inside its anchor", b"targets: [{name: &a [*a], directory: /tmp}]\n", "inside the node it names"),
 ]
@@ -246,6 +258,57 @@ def test_aliases_within_their_bounds_load(tmp_path):
     loaded = config.load(path)
     assert len(loaded.targets) == 1000
     assert {(str(p.op), p.interval) for t in loaded.targets for p in t.probes} == {("read", 2.0), ("write", 1.0)}
+
+
+def test_shared_aliases_and_merge_keys_load(tmp_path):
+    """An anchor named by aliases in several places, nested in another that is named too, and a merge key: none
+    is taken for a cycle or refused."""
+    path = tmp_path / "volprobe.yml"
+    path.write_text(
+        "targets:\n"
+        "  - {name: a, device: /dev/a, allow_raw_writes: true,\n"
+        "     probes: &both [&read {op: read, interval: 2s}, {<<: *read, op: write}]}\n"
+        "  - {name: b, device: /dev/b, allow_raw_writes: true, probes: *both}\n"
+        "  - {name: c, device: /dev/c, probes: [*read]}\n"
+    )
+    loaded = config.load(path)
+    assert [[(str(p.op), p.interval) for p in t.probes] for t in loaded.targets] == [
+        [("read", 2.0), ("write", 2.0)],
+        [("read", 2.0), ("write", 2.0)],
+        [("read", 2.0)],
+    ]
+
+
+def test_a_node_named_by_many_aliases_is_measured_once():
+    """The alias check looks at a node named by N aliases once, not N times: a list of 50,000 values named by
+    50,000 aliases (refused) is checked in about the time a document of as many nodes without aliases takes, not
+    50,000 times as long. A ratio within each round (best of three), never an absolute time."""
+    width = 50_000
+
+    def scalars(n: int) -> list[yaml.ScalarNode]:
+        return [yaml.ScalarNode("tag:yaml.org,2002:str", "0") for _ in range(n)]
+
+    def timed(document: yaml.Node) -> float:
+        started = time.perf_counter()
+        with contextlib.suppress(yaml.YAMLError):
+            yamlfile._check_aliases(document)
+        return time.perf_counter() - started
+
+    seq = "tag:yaml.org,2002:seq"
+    shared = yaml.SequenceNode(seq, scalars(width))
+    aliased = yaml.SequenceNode(seq, [shared, yaml.SequenceNode(seq, [shared] * width)])
+    written = yaml.SequenceNode(seq, [yaml.SequenceNode(seq, scalars(width)), yaml.SequenceNode(seq, scalars(width))])
+    ratios = [timed(aliased) / timed(written) for _ in range(3)]
+    assert min(ratios) < 5, ratios
+
+
+def test_what_aliases_may_add_is_bounded_exactly():
+    """100,000 values added by aliases load; one more is refused."""
+    row = b"&row [" + b", ".join([b"x"] * 99) + b"]"  # 100 values: the list and its 99
+    at_the_bound = b"rows: [" + row + b", " + b", ".join([b"*row"] * 1000) + b"]\n"
+    assert len(yaml.load(at_the_bound, Loader=yamlfile.Loader)["rows"]) == 1001
+    with pytest.raises(yaml.YAMLError, match="more than 100000 added"):
+        yaml.load(at_the_bound.replace(b"]\n", b", &one y, *one]\n"), Loader=yamlfile.Loader)
 
 
 @pytest.mark.parametrize("content,why", [pytest.param(c, w, id=n) for n, c, w in HOSTILE_FILES])

@@ -93,6 +93,7 @@ def test_a_listener_is_named_in_logs_as_node_exporter_names_it():
     assert address_text(("::", 9100, 0, 0)) == "[::]:9100"
     assert address_text(("fe80::1%eth0", 9100, 0, 2)) == "[fe80::1%eth0]:9100"
     assert address_text("/run/volprobe.sock") == "/run/volprobe.sock"
+    assert address_text(b"\0volprobe") == "@volprobe"
 
 
 def test_concurrent_scrapes_share_one_render():

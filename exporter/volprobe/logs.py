@@ -1,8 +1,8 @@
 """The log formats of --log.format: logfmt (the default) and JSON, with the keys Prometheus' own logs use.
 
 What a record is about goes in fields of its own, as node_exporter's go-kit/slog logs carry them, not only in
-words inside msg: `target`, `device`, `path`, `op`, `errno` and `key` (a configuration key), given to a logging
-call as `extra=fields(target=..., errno=...)`.
+words inside msg: `target`, `device`, `path`, `op`, `errno`, `key` (a configuration key) and `address` (a
+listener's, as node_exporter logs it), given to a logging call as `extra=fields(target=..., errno=...)`.
 """
 
 from __future__ import annotations

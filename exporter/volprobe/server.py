@@ -427,11 +427,14 @@ class _Stream:
 
 
 def address_text(name: object) -> str:
-    """A socket's address as node_exporter logs it: host:port, an IPv6 host in brackets ([::]:9100)."""
+    """A socket's address as node_exporter logs it: host:port, an IPv6 host in brackets ([::]:9100); a Unix
+    socket's path, an abstract one's name after "@"."""
     if isinstance(name, tuple) and len(name) >= 2:
         host, port = name[0], name[1]
         return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(name)
+    if isinstance(name, bytes):  # an abstract Unix socket: a NUL, then its name
+        return "@" + name[1:].decode("utf-8", "backslashreplace")
+    return str(name) or "unnamed"
 
 
 class ExporterHTTPServer:
@@ -654,7 +657,7 @@ class ExporterHTTPServer:
         except (OSError, TimeoutError, ssl.SSLError) as err:
             log.debug("connection from %s ended: %r", client[0], err)
         except Exception:
-            log.exception("connection from %s failed", client[0])
+            log.exception("connection from %s failed", client[0], extra=fields(address=self.address))
         finally:
             self._forget(connection)
             if clean:

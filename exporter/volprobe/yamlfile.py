@@ -4,10 +4,11 @@ would end in RecursionError, a huge one in MemoryError: both are refused here, w
 mistake in a file is (a reload keeps the running configuration, a start exits 2).
 
 Aliases are bounded too. PyYAML builds an alias as the very object its anchor names, so a document of a few
-lines ("billion laughs": nine anchors of ten aliases each to the one before) holds 10^9 values once walked, and
-volprobe's checks walk it: the error message for one such value took 11 GiB and over two minutes. As Go's
-yaml.v2 does for Prometheus, a document whose aliases add more than MAX_ALIASED values, or nest it deeper than
-MAX_DEPTH through them, is refused.
+lines ("billion laughs": nine anchors, each a list of ten aliases to the one before) holds 10^9 values once
+walked, and volprobe's checks walk it: the error message for one such value took 11 GiB and over two minutes.
+A document whose aliases add more than MAX_ALIASED values or MAX_ALIASED_CHARACTERS of text, nest it deeper than
+MAX_DEPTH, or sit inside the node they name is refused. (Go's yaml.v2 refuses "excessive aliasing" for
+Prometheus and Kubernetes likewise, by a ratio of its own.)
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 
 MAX_BYTES = 1 << 20  # a configuration of a thousand targets is a few hundred KiB
 MAX_DEPTH = 32  # volprobe.yml nests 6 deep (document, targets, target, probes, probe, value), the web config 4
-# What aliases may add, counted as the values they stand for: a thousand targets sharing one list of two probes
-# (`probes: *probes`) add about ten thousand.
+# What aliases may add, counted as the values and the text they stand for: a thousand targets sharing one list of
+# two probes (`probes: *probes`) add about ten thousand values and 50 KB. Error messages show values, so the text
+# is bounded too: a long path named by an alias at every target would otherwise be shown at every target.
 MAX_ALIASED = 100_000
+MAX_ALIASED_CHARACTERS = MAX_BYTES
 
 
 def read(path: str) -> tuple[str, os.stat_result]:
@@ -66,37 +69,53 @@ class Loader(yaml.SafeLoader):
 
 
 def _check_aliases(root: Node) -> None:
-    """ComposerError if the document, every alias replaced by what it names, has MAX_ALIASED values more than it
-    has written, or is nested more than MAX_DEPTH deep (or an alias is inside the node it names: a cycle).
-    Iterative, and each node is looked at once: the document is never expanded to be measured."""
-    size: dict[int, int] = {}  # id(node) -> the values it stands for, itself included
-    depth: dict[int, int] = {}
+    """ComposerError if the document, every alias replaced by what it names, holds more than MAX_ALIASED values
+    or MAX_ALIASED_CHARACTERS of scalar text beyond what is written, is nested more than MAX_DEPTH deep, or has
+    an alias inside the node it names (a cycle). Iterative, and each node is expanded and measured once (a node
+    named by many aliases costs one look per alias): the document is never expanded to be measured."""
+    measure: dict[int, tuple[int, int, int]] = {}  # id(node) -> (values, characters, depth) it stands for
+    open_: set[int] = set()  # nodes whose children are being measured: the current node's ancestors
     stack: list[tuple[Node, bool]] = [(root, False)]
-    open_: set[int] = set()  # nodes whose children are being measured
+    written_characters = 0  # of the scalars as written, each once
     while stack:
-        node, measured = stack.pop()
+        node, children_measured = stack.pop()
         key = id(node)
-        children = _children(node)
-        if measured:
+        if children_measured:
             open_.discard(key)
-            size[key] = 1 + sum(size[id(child)] for child in children)
-            depth[key] = 1 + max((depth[id(child)] for child in children), default=0)
-            if depth[key] > MAX_DEPTH:
+            if isinstance(node, MappingNode | SequenceNode):
+                parts = [measure[id(child)] for child in _children(node)]
+                values = 1 + sum(p[0] for p in parts)
+                characters = sum(p[1] for p in parts)
+                depth = 1 + max((p[2] for p in parts), default=0)
+            else:
+                values, characters, depth = 1, len(str(node.value)), 1
+                written_characters += characters
+            if depth > MAX_DEPTH:
                 raise ComposerError(None, None, f"nested more than {MAX_DEPTH} deep through aliases", node.start_mark)
+            measure[key] = (values, characters, depth)
             continue
-        if key in size:
+        if key in measure:  # named again by an alias: measured already
             continue
         if key in open_:
             raise ComposerError(None, None, "an alias inside the node it names", node.start_mark)
         open_.add(key)
         stack.append((node, True))
-        stack.extend((child, False) for child in children if id(child) not in size)
-    written = len(size)
-    if size[id(root)] - written > MAX_ALIASED:
+        stack.extend((child, False) for child in _children(node) if id(child) not in measure)
+    values, characters, _ = measure[id(root)]
+    written_values = len(measure)
+    if values - written_values > MAX_ALIASED:
         raise ComposerError(
             None,
             None,
-            f"aliases make its {written} values {size[id(root)]}, more than {MAX_ALIASED} added",
+            f"aliases make its {written_values} values {values}, more than {MAX_ALIASED} added",
+            root.start_mark,
+        )
+    if characters - written_characters > MAX_ALIASED_CHARACTERS:
+        raise ComposerError(
+            None,
+            None,
+            f"aliases make its {written_characters} characters of values {characters}, more than "
+            f"{MAX_ALIASED_CHARACTERS} added",
             root.start_mark,
         )
 
