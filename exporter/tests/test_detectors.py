@@ -62,6 +62,19 @@ def test_mixed_request_sizes_the_flatter_signal_decides():
     assert plateau is not None and plateau.limit == "iops"
 
 
+def test_a_cap_flat_to_a_request_a_second_is_judged_by_its_request_size():
+    """A 300 IOPS cap of 4 KiB reads, flat to a request a second, where a few seconds also count 8 requests of
+    512 bytes: both signals are flat to under a percent, and the one a few thousandths flatter must not decide
+    (a CI run called such a cap a bandwidth cap). Small requests: IOPS."""
+    seconds = window(noisy(300, n=45, spread=0.002), 4 * KIB, 8, 8 / 300)
+    for second in seconds[2:5]:
+        for direction in ("read", "total"):
+            second.ops[direction] += 8
+            second.bytes[direction] += 8 * 512
+    plateau = detectors.evaluate(seconds, "read", unloaded_s=0.001)
+    assert plateau is not None and plateau.limit == "iops"
+
+
 def test_a_configured_limit_that_matches_names_the_limit():
     seconds = window(noisy(320), 64 * KIB, 16, 0.05)
     assert detectors.evaluate(seconds, "read", 0.001, limit_ops=320).limit == "iops"
