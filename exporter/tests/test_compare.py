@@ -344,7 +344,7 @@ def test_an_unreachable_server_is_an_error(tmp_path):
 LIVE_PERIODS = 3  # the fewest a verdict is given on (verdict.MIN_PERIODS)
 LIVE_PERIOD_S = 20
 TOLERANCE = 0.10  # compare's default
-SAME_PROBES = 0.02  # as test_compare_native: how far the exact median of the exporter's window may lie from the span's
+OTHER_PROBES = 0.03  # test_compare_native's: how far the exact median of the exporter's window may lie from the span's
 
 
 def verdict_of(interval: list[float]) -> str:
@@ -415,7 +415,7 @@ def test_history_recorded_from_lab_volumes_then_live(tmp_path, lab_volume, make_
     with promtool: worse with the ratio the exporter itself measured (its exact recent medians) within 5%,
     the equal pair's median equivalent, and each quantile's verdict the one compare's own interval gives,
     inconclusive on one period, the other spec refused.
-    Live: three periods of 20 s: worse, and each side's median within 2% of the bucket the report gives for it.
+    Live: three periods of 20 s: worse, and each side's median within 3% of the bucket the report gives for it.
     (The reference for the ratio is what the probes saw, not the lab's settings: uncalibrated, the lab adds its
     chain's overhead to both. Without O_DSYNC: through the lab's loop, FUSE and NBD a flush adds about a
     millisecond of its own.)"""
@@ -480,7 +480,7 @@ scrape_configs:
         # The exact medians also hold the probes of the seconds before the span and just after it (CI: the base's
         # lay 1.5% above the span's bucket), hence test_compare_native's allowance, not the buckets' own error.
         low, high = p50[side]["bucket"]
-        assert low * (1 - SAME_PROBES) <= exact[name] <= high * (1 + SAME_PROBES), (p50, exact)
+        assert low * (1 - OTHER_PROBES) <= exact[name] <= high * (1 + OTHER_PROBES), (p50, exact)
 
     # Recorded, laid out over four days, backfilled.
     directory = tmp_path / "backfilled"

@@ -1,6 +1,5 @@
 """YAML whose aliases make a few lines into more than they look: shared by the configuration's and the web config's
-hostile-file tests. Each defines its anchors under a key of its own (`laughs`, `chain`, `wide`), for the document
-to use."""
+hostile-file tests. Each defines its anchors under a key of its own (`laughs`, `chain`), for the document to use."""
 
 from __future__ import annotations
 
@@ -20,9 +19,3 @@ def chain(links: int = 40) -> bytes:
     lines = [b"chain:", b"  - &c0 [a]"]
     lines += [b"  - &c%d [*c%d]" % (i, i - 1) for i in range(1, links)]
     return b"\n".join(lines) + b"\n"
-
-
-def wide(width: int = 50_000) -> bytes:
-    """A list of `width` values, named by as many aliases: a check that looked at the list once per alias would
-    take width^2 steps (minutes), where it must take one look per alias."""
-    return b"wide: &w [" + b"0, " * width + b"]\naliases: [" + b"*w, " * width + b"]\n"
