@@ -36,7 +36,7 @@ from volprobe.server import (
 from volprobe.webconfig import WebConfig, WebConfigWatcher
 
 from .support.connections import exchange, read_until_closed
-from .support.harness import MIB, free_port, write_config
+from .support.harness import MIB, free_port, wait_until, write_config
 
 
 def request(port: int, method: str, path: str, headers: dict[str, str] | None = None) -> http.client.HTTPResponse:
@@ -375,7 +375,8 @@ def test_listeners_share_the_bound_so_that_filling_every_one_leaves_the_reserve(
         except AssertionError as err:
             if attempt == 2 or f"cannot listen on 127.0.0.1:{second}: Address already in use" not in str(err):
                 raise
-    assert f"at most {bound} connections" in exporter.log()
+    # Ready answers before the start-up line is written: wait for it, never read it once.
+    wait_until(lambda: f"at most {bound} connections" in exporter.log(), what="the start-up line", every=0.05)
     # Kept-alive after a request each, so that only room-making closes them within the test (an idle kept-alive
     # connection is held for 30 s; one that never sent a request, 5 s).
     hogs: dict[int, list[http.client.HTTPConnection]] = {exporter.port: [], second: []}
@@ -413,7 +414,8 @@ def test_at_the_bound_room_is_made_from_the_address_holding_most_its_oldest_neve
     limit = OPEN_FILES_RESERVE + bound
     exporter = start_exporter(*no_targets(tmp_path), prefix=("prlimit", f"--nofile={limit}:{limit}", "--"))
     port = exporter.port
-    assert f"at most {bound} connections" in exporter.log()
+    # Ready answers before the start-up line is written: wait for it, never read it once.
+    wait_until(lambda: f"at most {bound} connections" in exporter.log(), what="the start-up line", every=0.05)
     scrapers = [
         http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=("127.0.0.3", 0)) for _ in range(4)
     ]
