@@ -335,15 +335,17 @@ def test_a_kill_9_mid_run_leaves_nothing_behind_after_a_restart_that_is_not_ours
     exporter.close_log()
     # What a kill at another moment leaves: each name of the sequence; and, killed while the log was being made,
     # its temporary (our header, no longer locked) and no log yet.
-    for name in metadata.OUR_NAMES:
+    for name in metadata.OUR_NAMES:  # an earlier version's names, and this one's (a random suffix per sequence)
         (ext4 / metadata.NAME / name).write_bytes(os.urandom(4096))
+        (ext4 / metadata.NAME / f"{name}.{os.urandom(8).hex()}").write_bytes(os.urandom(4096))
+    (ext4 / metadata.NAME / f"{metadata.OUR_NAMES[0]}.theirs").write_bytes(b"not a name of ours: left alone")
     os.unlink(ext4 / COMMIT_LOG)
     (ext4 / f"{COMMIT_LOG}.tmp.1.ours").write_bytes(probefile.MAGIC + b'{"size": 1}')
     restarted = start_exporter("--config", config)
     restarted.wait_for(lambda s: probes_done(s, "etcd", "metadata") >= 10, what="sequences after the restart")
     assert restarted.stop() == 0
     assert sorted(os.listdir(ext4)) == sorted([COMMIT_LOG, metadata.NAME, *theirs])
-    assert os.listdir(ext4 / metadata.NAME) == [metadata.ID_NAME]
+    assert sorted(os.listdir(ext4 / metadata.NAME)) == [metadata.ID_NAME, f"{metadata.OUR_NAMES[0]}.theirs"]
     assert {name: sha256_of(str(ext4 / name)) for name in theirs} == before
 
 

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <linux/fs.h>
 #include <linux/futex.h>
@@ -61,20 +62,48 @@ static ssize_t request_pwrite_fdatasync(int fd, void *buf, size_t size, off_t of
     return moved;
 }
 
-/* The metadata sequence, in the directory volprobe owns (fd; metadata.py makes and judges it, and clears these
- * two names, its only ones, at start): create, write, fsync, rename, fsync the directory, unlink. */
+/* The metadata sequence, in the directory volprobe owns (fd; metadata.py makes and judges it, and clears what a
+ * killed sequence left at start): create, write, fsync, rename, fsync the directory, unlink. Its two names are
+ * METADATA_NEW and METADATA_RENAMED followed by ".<16 hex digits>", drawn anew for every sequence (timer.py's
+ * metadata_names()), so a name planted beforehand is never the one used.
+ *
+ * The directory's mode keeps out every user but root, and a root tenant of the volume (a pod's root) can still put
+ * any name in it: so nothing here opens or replaces a name it did not create in this very sequence. The file is
+ * created O_EXCL|O_NOFOLLOW (EEXIST: something is there; nothing was opened) and written only through its
+ * descriptor; the rename never replaces (RENAME_NOREPLACE: EEXIST when a name was planted there meanwhile, and
+ * the file just made is removed). A filesystem without RENAME_NOREPLACE (EINVAL: NFS, some FUSE) gets a plain
+ * rename: it can only replace a directory entry, never write into what the entry led to. */
 #define METADATA_NEW "volprobe.new"
 #define METADATA_RENAMED "volprobe.renamed"
+#define METADATA_SUFFIX_HEX 16
+#define METADATA_NAME_MAX 64
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE 1
+#endif
+static int metadata_names(char *made, char *renamed) { /* 0, or -1 with errno */
+    unsigned char random[METADATA_SUFFIX_HEX / 2];
+    char hex[METADATA_SUFFIX_HEX + 1];
+    if (syscall(SYS_getrandom, random, sizeof(random), 0) != (long)sizeof(random))
+        return -1;
+    for (size_t k = 0; k < sizeof(random); k++)
+        snprintf(hex + 2 * k, 3, "%02x", random[k]);
+    snprintf(made, METADATA_NAME_MAX, "%s.%s", METADATA_NEW, hex);
+    snprintf(renamed, METADATA_NAME_MAX, "%s.%s", METADATA_RENAMED, hex);
+    return 0;
+}
 static ssize_t request_metadata(int dir, void *buf, size_t size, off_t offset, long long *steps) {
     (void)offset;
     if (size == 0)
         return 0;
+    char made[METADATA_NAME_MAX], renamed[METADATA_NAME_MAX];
+    if (metadata_names(made, renamed) < 0)
+        return -1;
     long long at[7];
     struct timespec t;
     int saved;
     clock_gettime(CLOCK_MONOTONIC, &t);
     at[0] = ns(&t);
-    int fd = openat(dir, METADATA_NEW, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    int fd = openat(dir, made, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     if (fd < 0)
         return -1;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -85,21 +114,33 @@ static ssize_t request_metadata(int dir, void *buf, size_t size, off_t offset, l
     if (moved != (ssize_t)size || fsync(fd) < 0) {
         saved = errno;
         close(fd);
+        unlinkat(dir, made, 0);
         errno = saved;
         return moved != (ssize_t)size ? moved : -1;
     }
     close(fd);
     clock_gettime(CLOCK_MONOTONIC, &t);
     at[3] = ns(&t);
-    if (renameat(dir, METADATA_NEW, dir, METADATA_RENAMED) < 0)
+    int renamed_ok = (int)syscall(SYS_renameat2, dir, made, dir, renamed, RENAME_NOREPLACE);
+    if (renamed_ok < 0 && errno == EINVAL)
+        renamed_ok = renameat(dir, made, dir, renamed);
+    if (renamed_ok < 0) {
+        saved = errno;
+        unlinkat(dir, made, 0);
+        errno = saved;
         return -1;
+    }
     clock_gettime(CLOCK_MONOTONIC, &t);
     at[4] = ns(&t);
-    if (fsync(dir) < 0)
+    if (fsync(dir) < 0) {
+        saved = errno;
+        unlinkat(dir, renamed, 0);
+        errno = saved;
         return -1;
+    }
     clock_gettime(CLOCK_MONOTONIC, &t);
     at[5] = ns(&t);
-    if (unlinkat(dir, METADATA_RENAMED, 0) < 0)
+    if (unlinkat(dir, renamed, 0) < 0)
         return -1;
     clock_gettime(CLOCK_MONOTONIC, &t);
     at[6] = ns(&t);

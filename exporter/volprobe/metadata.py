@@ -1,6 +1,8 @@
 """The directory of a target's metadata probe: a subdirectory of the target directory that volprobe makes and
 owns, in which each sequence creates, writes, renames and unlinks its two names (timer.METADATA_NEW and
-METADATA_RENAMED; _timedio.c has the same), through the directory's descriptor.
+METADATA_RENAMED followed by a random suffix drawn for each sequence; _timedio.c has the same), through the
+directory's descriptor. The file is created O_EXCL and the rename never replaces: what a root tenant puts in the
+directory (it can, whatever its mode) is never opened nor written (timer.py, _timedio.c).
 
 The target directory may belong to someone else, who can swap any name in it, so the subdirectory is judged as
 the probe file is (probefile.py): opened relative to the target directory's descriptor without following a
@@ -9,8 +11,9 @@ else (mode 0700: nobody else can put a name in it, so whatever its two names lea
 at every reopen the very directory made or checked when the target started: its inode, and the id in its file
 `volprobe.id` (an inode number is reused as soon as a directory is removed; the id is not).
 
-A crash (kill -9) mid-sequence leaves one of the two names behind. Each open clears them, each only if it is a
-regular file of volprobe's user with one link; nothing else in the directory, nor outside it, is touched.
+A crash (kill -9) mid-sequence leaves one of the two names behind. Each open clears them (and the unsuffixed
+names of volprobe 0.x's sequences), each only if it is a regular file of volprobe's user with one link, among the
+directory's first probefile.SWEEP_LIMIT names; nothing else in the directory, nor outside it, is touched.
 """
 
 from __future__ import annotations
@@ -22,10 +25,12 @@ import uuid
 from dataclasses import dataclass
 
 from . import ops, timer
-from .probefile import ProbeDirectory, open_no_link
+from .probefile import SWEEP_LIMIT, ProbeDirectory, open_no_link
 from .safety import Refused
 
 NAME = ops.METADATA.file
+# The sequence's names: each of these, a dot and timer.METADATA_SUFFIX_HEX hex digits. Unsuffixed, an earlier
+# version's (its leftovers are cleared too).
 OUR_NAMES = (timer.METADATA_NEW, timer.METADATA_RENAMED)
 ID_NAME = "volprobe.id"
 _MODE = 0o700
@@ -61,16 +66,19 @@ def _open(directory: ProbeDirectory) -> int:
         return open_no_link(NAME, flags, dir_fd, f"{directory.path}/{NAME}")
 
 
-def _read_id(fd: int) -> str | None:
-    """The id in the directory's `volprobe.id`, or None if there is none (or it is not a file of ours)."""
+def _read_id(fd: int, path: str = ID_NAME) -> str | None:
+    """The id in the directory's `volprobe.id`, or None if there is none yet. Refused if something that is not
+    volprobe's is at that name (looked at unopened if it is not a regular file: probefile.open_no_link)."""
     try:
-        id_fd = open_no_link(ID_NAME, os.O_RDONLY | os.O_NONBLOCK, fd)
-    except (FileNotFoundError, Refused):
+        id_fd = open_no_link(ID_NAME, os.O_RDONLY | os.O_NONBLOCK, fd, path)
+    except FileNotFoundError:
         return None
     try:
         st = os.fstat(id_fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            return None
+        if st.st_uid != os.geteuid() or st.st_nlink != 1:
+            raise Refused(
+                f"is not volprobe's (uid {st.st_uid}, {st.st_nlink} links); refusing to use its directory", path
+            )
         return os.read(id_fd, _ID_BYTES).decode("ascii", "replace").strip() or None
     finally:
         os.close(id_fd)
@@ -94,7 +102,7 @@ def open_checked(directory: ProbeDirectory, pin: DirectoryPin | None) -> int:
     fd = _open(directory)
     try:
         st = _judge(fd, directory)
-        if pin is not None and (st.st_ino, _read_id(fd)) != (pin.inode, pin.id):
+        if pin is not None and (st.st_ino, _read_id(fd, f"{directory.path}/{NAME}/{ID_NAME}")) != (pin.inode, pin.id):
             raise Refused(
                 f"is not the directory checked when the target started (inode {st.st_ino}, not {pin.inode}, or "
                 "another id); it was replaced",
@@ -129,7 +137,7 @@ def _ensure(directory: ProbeDirectory, dir_fd: int) -> DirectoryPin:
     try:
         if made:
             os.fsync(dir_fd)
-        return DirectoryPin(os.fstat(fd).st_ino, _read_id(fd) or _write_id(fd))
+        return DirectoryPin(os.fstat(fd).st_ino, _read_id(fd, f"{directory.path}/{NAME}/{ID_NAME}") or _write_id(fd))
     finally:
         os.close(fd)
 
@@ -147,8 +155,11 @@ def check_existing(directory: ProbeDirectory) -> str | None:
     else:
         try:
             _judge(fd, directory)
+            _read_id(fd, f"{directory.path}/{NAME}/{ID_NAME}")
         except Refused as err:
             return f"{err.filename} {err.strerror}"
+        except OSError as err:
+            return f"{directory.path}/{NAME}/{ID_NAME} cannot be read safely ({err.strerror}); refusing to touch it"
         finally:
             os.close(fd)
     finally:
@@ -156,11 +167,27 @@ def check_existing(directory: ProbeDirectory) -> str | None:
     return None
 
 
-def clear_leftovers(fd: int) -> list[str]:
-    """Remove what an interrupted sequence left in the subdirectory (open on `fd`): its two names, each only if
-    it is a regular file of ours with one link. Returns the names removed."""
+def is_our_name(name: str) -> bool:
+    """Whether `name` is one a sequence uses (or an earlier version's did)."""
+    for prefix in OUR_NAMES:
+        if name == prefix:
+            return True
+        suffix = name[len(prefix) + 1 :] if name.startswith(prefix + ".") else ""
+        if len(suffix) == timer.METADATA_SUFFIX_HEX and all(c in "0123456789abcdef" for c in suffix):
+            return True
+    return False
+
+
+def clear_leftovers(fd: int, limit: int = SWEEP_LIMIT) -> list[str]:
+    """Remove what an interrupted sequence left in the subdirectory (open on `fd`): its names, each only if it
+    is a regular file of ours with one link, among the directory's first `limit` entries. Returns the names
+    removed."""
     removed = []
-    for name in OUR_NAMES:
+    with os.scandir(fd) as entries:
+        names = [entry.name for _, entry in zip(range(limit), entries, strict=False)]
+    for name in names:
+        if not is_our_name(name):
+            continue
         with contextlib.suppress(FileNotFoundError):
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1:

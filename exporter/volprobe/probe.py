@@ -452,6 +452,12 @@ class ProbeIO:
         if code in REOPEN_ERRNOS:
             self.let_go()
         where = f"open {self.io.path}" if ended == Status.OPEN_FAILED else f"{self.op} at {offset}"
+        if code == errno.EEXIST:
+            # Only a request that creates its own names (the metadata sequence, O_EXCL and RENAME_NOREPLACE) meets
+            # EEXIST: something volprobe did not make took one of them. Nothing was opened or written there; the
+            # next request draws fresh names.
+            detail = f"{where}: a name it creates was taken by a file volprobe did not make; left alone"
+            return done, ended, Outcome(offset, touch, error="REFUSED", detail=detail)
         name = errno.errorcode.get(code, "EUNKNOWN")
         return done, ended, Outcome(offset, touch, error=name, detail=f"{where}: {os.strerror(code)}")
 

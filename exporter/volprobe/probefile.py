@@ -244,15 +244,47 @@ class ProbeDirectory:
 
 
 def open_no_link(name: str, flags: int, dir_fd: int | None = None, path: str = "") -> int:
-    """Open without following a symlink or blocking on a FIFO; a symlink is Refused, as anything else unsafe."""
+    """Open without following a symlink or blocking on a FIFO; a symlink is Refused, as anything else unsafe.
+
+    Only a directory (O_DIRECTORY, which the kernel checks before it opens anything) is opened by name. Any other
+    name is looked at first through an O_PATH descriptor, which opens nothing: what is not a regular file (a
+    device node, a FIFO, a socket, a symlink, a directory) is Refused there, unopened, since opening a device can
+    act on it (a tape rewinds, a watchdog arms) whatever is written after. The regular file is then opened through
+    that very descriptor (/proc/self/fd), so the name cannot be swapped between the look and the open."""
+    where = path or name
+    if flags & os.O_DIRECTORY:
+        try:
+            return os.open(name, flags | _SAFE_OPEN, dir_fd=dir_fd)
+        except OSError as err:
+            if err.errno in (errno.ELOOP, errno.ENOTDIR):  # O_NOFOLLOW|O_DIRECTORY meets a symlink, or a file
+                raise Refused("is not a directory (a symbolic link?); refusing to follow it", where) from None
+            raise
+    found = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
-        return os.open(name, flags | _SAFE_OPEN, dir_fd=dir_fd)
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise Refused("is a symbolic link; refusing to follow it", path or name) from None
-        if err.errno == errno.ENOTDIR and flags & os.O_DIRECTORY:  # O_NOFOLLOW|O_DIRECTORY meets a symlink
-            raise Refused("is not a directory (a symbolic link?); refusing to follow it", path or name) from None
-        raise
+        mode = os.fstat(found).st_mode
+        if stat.S_ISLNK(mode):
+            raise Refused("is a symbolic link; refusing to follow it", where)
+        if not stat.S_ISREG(mode):
+            raise Refused(f"is {kind_of(mode)}, not a regular file; refusing to open it", where)
+        # The magic link opens the inode `found` holds, not whatever the name leads to by now.
+        return os.open(f"/proc/self/fd/{found}", (flags | _SAFE_OPEN) & ~os.O_NOFOLLOW)
+    finally:
+        os.close(found)
+
+
+_KINDS = {
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def kind_of(mode: int) -> str:
+    """What a file of `mode` is, in words."""
+    return _KINDS.get(stat.S_IFMT(mode), "a regular file" if stat.S_ISREG(mode) else "an unknown kind of file")
 
 
 def _read_header_of(fd: int) -> dict[str, Any] | None:
@@ -277,11 +309,11 @@ def _read_header_of(fd: int) -> dict[str, Any] | None:
 def read_header(path: str) -> dict[str, Any] | None:
     """The header of an existing probe file, or None if the file is not one of ours (or not a regular file)."""
     try:
-        fd = os.open(path, os.O_RDONLY | _SAFE_OPEN)
-    except OSError:
+        fd = open_no_link(path, os.O_RDONLY)
+    except OSError:  # Refused too: not a regular file
         return None
     try:
-        return _read_header_of(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        return _read_header_of(fd)
     except OSError:
         return None
     finally:
@@ -440,9 +472,9 @@ def clear_leftover_temporaries(
     removed = []
     for entry in _leftover_names(dir_fd, f"{name}.tmp.", limit, directory.path):
         try:
-            fd = os.open(entry, os.O_RDONLY | _SAFE_OPEN, dir_fd=dir_fd)
+            fd = open_no_link(entry, os.O_RDONLY, dir_fd)
         except OSError:
-            continue  # a symlink (ELOOP), or gone: not ours
+            continue  # not a regular file (Refused, unopened), or gone: not ours
         try:
             st = os.fstat(fd)
             if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()):

@@ -20,7 +20,10 @@ $VOLPROBE_TEST_TIMER=thread the C timer makes each probe's requests in the probe
 from __future__ import annotations
 
 import array
+import contextlib
+import ctypes
 import enum
+import errno
 import mmap
 import os
 import random
@@ -133,21 +136,50 @@ def _pwrite_fdatasync(fd: int, buffers: list[memoryview], offset: int) -> int:
     return moved
 
 
-# The names of the metadata sequence in the directory volprobe owns: _timedio.c's METADATA_NEW and _RENAMED.
+# The names of the metadata sequence in the directory volprobe owns: _timedio.c's METADATA_NEW and _RENAMED, each
+# followed by "." and METADATA_SUFFIX_HEX random hex digits drawn anew for every sequence (metadata_names()).
 METADATA_NEW = "volprobe.new"
 METADATA_RENAMED = "volprobe.renamed"
-_METADATA_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+METADATA_SUFFIX_HEX = 16
+# Created, never opened: O_EXCL|O_NOFOLLOW fails (EEXIST) on whatever is at the name, a device node, a FIFO, a
+# hard link or a symlink a root tenant planted, without opening it (_timedio.c's request_metadata says why).
+_METADATA_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_RENAME_NOREPLACE = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def metadata_names() -> tuple[str, str]:
+    """The two names of one sequence: fresh random ones, so a name planted beforehand is never the one used."""
+    suffix = os.urandom(METADATA_SUFFIX_HEX // 2).hex()
+    return f"{METADATA_NEW}.{suffix}", f"{METADATA_RENAMED}.{suffix}"
+
+
+def rename_noreplace(directory: int, old: str, new: str) -> None:
+    """renameat2(RENAME_NOREPLACE) within `directory`: FileExistsError when `new` exists. A filesystem that has no
+    such flag (EINVAL: NFS, some FUSE) gets a plain rename, which can replace a directory entry but never writes
+    into what it led to."""
+    done = _libc.renameat2(directory, os.fsencode(old), directory, os.fsencode(new), _RENAME_NOREPLACE)
+    if done == 0:
+        return
+    err = ctypes.get_errno()
+    if err == errno.EINVAL:
+        os.rename(old, new, src_dir_fd=directory, dst_dir_fd=directory)
+        return
+    raise OSError(err, os.strerror(err), new)
 
 
 def _metadata(directory: int, buffers: list[memoryview], offset: int, steps: list[int] | None = None) -> int:
     """The metadata sequence (_timedio.c's request_metadata): create, write, fsync, rename, fsync the directory,
-    unlink; each step's nanoseconds are written to `steps` when the whole sequence succeeded."""
+    unlink; each step's nanoseconds are written to `steps` when the whole sequence succeeded. Whatever fails
+    takes the sequence's own names with it."""
     size = sum(len(b) for b in buffers)
     if not size:
         return 0
+    made, renamed = metadata_names()
     clock = time.perf_counter_ns
     at = [clock()]
-    fd = os.open(METADATA_NEW, _METADATA_FLAGS, 0o600, dir_fd=directory)
+    fd = os.open(made, _METADATA_FLAGS, 0o600, dir_fd=directory)
+    whole = False
     try:
         at.append(clock())
         moved = os.writev(fd, buffers)
@@ -155,14 +187,28 @@ def _metadata(directory: int, buffers: list[memoryview], offset: int, steps: lis
         if moved != size:
             return moved
         os.fsync(fd)
+        whole = True
     finally:
         os.close(fd)
+        if not whole:
+            with contextlib.suppress(OSError):
+                os.unlink(made, dir_fd=directory)
     at.append(clock())
-    os.rename(METADATA_NEW, METADATA_RENAMED, src_dir_fd=directory, dst_dir_fd=directory)
+    try:
+        rename_noreplace(directory, made, renamed)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(made, dir_fd=directory)
+        raise
     at.append(clock())
-    os.fsync(directory)
+    try:
+        os.fsync(directory)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(renamed, dir_fd=directory)
+        raise
     at.append(clock())
-    os.unlink(METADATA_RENAMED, dir_fd=directory)
+    os.unlink(renamed, dir_fd=directory)
     at.append(clock())
     if steps is not None:
         steps[:] = [at[k + 1] - at[k] for k in range(len(at) - 1)]
