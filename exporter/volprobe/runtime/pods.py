@@ -9,12 +9,12 @@ directory target's, but holding nothing between checks: the kubelet must be able
 a descriptor kept there would make its unmount fail (EBUSY) and the pod hang in Terminating. A block-backed one is
 its disk's: discovery probes the disk (reads only) and the target collector gives it the volume's pv. Nothing is
 written into a pod volume, and nothing of it is read (vol_data.json is beside the mount, not in it), unless a rule
-matches it: then, whatever backs it, it is a directory target of the rule's probes (targets.resolve and prepare,
-every check of a directory target's: its probe file made and judged on the descriptor, a hostile owner's names
-never trusted), made with `hold: false` (config.TargetConfig.hold): its directory and files are opened, checked on
-their descriptors, probed and closed again for each probe (probe.ProbeWorker), so that between probes volprobe
-holds nothing there either. Resolving and preparing one (making its probe file) runs in the rescan thread, outside
-the exporter's lock.
+matches it: then, whatever backs it, it is a directory target of the rule's probes (targets.resolve_pod_volume,
+through the private copy of its mount alone, and prepare: every check of a directory target's, its probe file
+made and judged on the descriptor, a hostile owner's names never trusted), made with `hold: false`
+(config.TargetConfig.hold): its directory and files are opened, checked on their descriptors, probed and closed
+again for each probe (probe.ProbeWorker), so that between probes volprobe holds nothing there either. Resolving
+and preparing one (making its probe file) runs in the rescan thread, outside the exporter's lock.
 
 A volume no longer in the mount table (unmounted, its pod gone), or mounted again (another device number, type
 or source), stops at the next rescan, and its series go with it.
@@ -178,8 +178,7 @@ class PodVolumeFollower:
         def make() -> ResolvedTarget:
             # Nothing is held open by what this returns (hold=False): one returning after its caller gave up
             # (Hung) is dropped as it is.
-            (resolved,) = targets_mod.resolve(config, self.host, [target])
-            resolved.name, resolved.pod_volume = volume.path, volume
+            resolved = targets_mod.resolve_pod_volume(self.host, target, volume)  # through the copy alone
             targets_mod.prepare(self.host, [resolved])
             return resolved
 
