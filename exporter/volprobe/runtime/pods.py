@@ -159,8 +159,9 @@ class PodVolumeFollower:
             # A rule's probes open the volume through a private copy of its mount where they can: say if not.
             self.capabilities.record(privatemount.PRIVATE_MOUNT, *privatemount.available())
         volumes = self._read(directory, self.host.kubelet_mounts())
-        drivers = {(v.pv, ""): v.driver for v in volumes if v.driver}
-        self._drivers = {**drivers, **{(v.pv, v.pod_uid): v.driver for v in volumes if v.driver}}
+        # By PersistentVolume, as the kubelet recorded it: a volume without one (inline, ephemeral) names none.
+        drivers = {(v.pv, ""): v.driver for v in volumes if v.driver and v.pv}
+        self._drivers = {**drivers, **{(v.pv, v.pod_uid): v.driver for v in volumes if v.driver and v.pv}}
         found = {}
         for volume in volumes:
             rule = config.kubernetes.rule_for(volume.driver, volume.pv, volume.path)
@@ -199,7 +200,7 @@ class PodVolumeFollower:
         if self._refused.get((volume.path, target)) != why:
             log.error(
                 "pod volume %s of pod %s matches %s, but cannot be probed: %s",
-                volume.pv,
+                volume.pv or volume.name,
                 volume.pod_uid,
                 target.key,
                 why,
@@ -278,7 +279,7 @@ class PodVolumeFollower:
             probes = ", ".join(f"{p.op} every {p.interval:g}s" for p in config.probes) or "mount check only"
             log.info(
                 "pod volume %s of pod %s (%s, %s): %s",
-                volume.pv,
+                volume.pv or volume.name,
                 volume.pod_uid,
                 volume.driver or volume.plugin,
                 volume.mount.fstype,
