@@ -288,6 +288,39 @@ def test_a_held_probe_keeps_its_descriptor_as_before(tmp_path: Path) -> None:
         targets.close([target])
 
 
+def test_a_rule_volume_is_resolved_without_a_lookup_of_its_path_but_open_trees(tmp_path: Path, monkeypatch) -> None:
+    """Resolving and preparing a rule's volume asks nothing of the kubelet's path, in it or below it, by name: no
+    stat, lstat, access nor realpath (which would each walk into the kubelet's mount, where a hung server would
+    hold it), only the open_tree of its private copy; the rest is asked of descriptors."""
+    root, host = _node(tmp_path)
+    db = root / "pods" / POD / "volumes" / "kubernetes.io~csi" / PV_DB / "mount"
+    asked: list[tuple[str, str]] = []
+
+    def guard(name: str, real):
+        def call(path, *args, **kwargs):
+            if kwargs.get("dir_fd") is None and os.fsdecode(os.fspath(path)).startswith(str(db)):
+                asked.append((name, os.fsdecode(os.fspath(path))))
+            return real(path, *args, **kwargs)
+
+        return call
+
+    for name in ("stat", "lstat", "access"):
+        monkeypatch.setattr(os, name, guard(f"os.{name}", getattr(os, name)))
+    monkeypatch.setattr(os.path, "realpath", guard("os.path.realpath", os.path.realpath))
+    running = _Targets()
+    follower = PodVolumeFollower(host, running, threading.Lock(), lambda new: running.running.extend(new), None)  # type: ignore[arg-type]
+    kube = {"kubelet_directory": str(root), "rules": [{"pv": PV_DB, "probes": [{"op": "write"}, {"op": "commit"}]}]}
+    follower.config = config.parse({"kubernetes": kube})
+    try:
+        follower.rescan()
+        ours = next(t for t in running.running if t.path == str(db))
+        assert [p.op for p in ours.probes] == ["write", "commit"]
+        assert sorted(os.listdir(db)) == sorted([PROBE_FILE_NAME, ops.COMMIT.file])
+        assert asked == []
+    finally:
+        targets.close(running.running)
+
+
 TENANT_POD = "2b3c4d5e-6f70-4812-9a3b-4c5d6e7f8091"
 
 
