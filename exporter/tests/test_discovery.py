@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -152,30 +153,61 @@ def test_real_sysfs_of_this_machine():
     assert host.mount_for_path("/").mount_point == "/"
 
 
+PERSISTENT = {"driverName": "ebs.csi.aws.com", "specVolID": "{name}", "volumeLifecycleMode": "Persistent"}
+EPHEMERAL = {"driverName": "ebs.csi.aws.com", "specVolID": "{name}", "volumeLifecycleMode": "Ephemeral"}
+
+
+def write_vol_data(volume: Path, record: dict[str, str]) -> None:
+    """vol_data.json in a CSI volume's directory, as the kubelet writes it (specVolID: the directory's name)."""
+    volume.mkdir(parents=True, exist_ok=True)
+    (volume / "vol_data.json").write_text(json.dumps({k: v.replace("{name}", volume.name) for k, v in record.items()}))
+
+
 @pytest.mark.parametrize(
-    ("path", "pv", "pod"),
+    ("path", "record", "pv", "pod"),
     [
         (
-            "/var/lib/kubelet/pods/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11/volumes/kubernetes.io~csi/pvc-8d1c2a4e-1b2f-4d3e-8f9a-0c1d2e3f4a5b/mount",
+            "pods/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11/volumes/kubernetes.io~csi/pvc-8d1c2a4e-1b2f-4d3e-8f9a-0c1d2e3f4a5b/mount",
+            PERSISTENT,
             "pvc-8d1c2a4e-1b2f-4d3e-8f9a-0c1d2e3f4a5b",
             "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11",
         ),
+        # An inline ephemeral CSI volume, named by its pod's spec: no PersistentVolume, whatever its name.
         (
-            "/var/lib/kubelet/pods/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11/volumes/kubernetes.io~aws-ebs/pv-data/pgdata",
-            "pv-data",
+            "pods/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11/volumes/kubernetes.io~csi/pvc-8d1c2a4e-1b2f-4d3e-8f9a-0c1d2e3f4a5b/mount",
+            EPHEMERAL,
+            "",
+            "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11",
+        ),
+        # A CSI volume without the kubelet's record, and an in-tree plugin's (which may be inline): none either.
+        (
+            "pods/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11/volumes/kubernetes.io~csi/pvc-8d1c2a4e-1b2f-4d3e-8f9a-0c1d2e3f4a5b/mount",
+            None,
+            "",
             "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11",
         ),
         (
-            "/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/publish/pvc-raw/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11",
+            "pods/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11/volumes/kubernetes.io~aws-ebs/pv-data/pgdata",
+            None,
+            "",
+            "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11",
+        ),
+        # Raw block volumes and staging paths are a PersistentVolume's alone.
+        (
+            "plugins/kubernetes.io/csi/volumeDevices/publish/pvc-raw/0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11",
+            None,
             "pvc-raw",
             "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11",
         ),
-        ("/var/lib/kubelet/plugins/kubernetes.io/csi/pv/pvc-staged/globalmount", "pvc-staged", ""),
-        ("/var/lib/postgresql", "", ""),
+        ("plugins/kubernetes.io/csi/pv/pvc-staged/globalmount", None, "pvc-staged", ""),
+        ("/var/lib/postgresql", None, "", ""),
     ],
 )
-def test_kubernetes_volume_identity_from_kubelet_paths(path, pv, pod):
-    assert discovery.kubernetes_volume(path) == (pv, pod)
+def test_kubernetes_volume_identity_from_kubelet_paths(tmp_path, path, record, pv, pod):
+    kubelet = tmp_path / "var/lib/kubelet"
+    if record is not None:
+        write_vol_data((kubelet / path).parent, record)
+    assert discovery.kubernetes_volume(str(kubelet / path)) == (pv, pod)
 
 
 POD_A, POD_B = "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11", "7c2e4d1a-9b3f-4e8a-b6c5-1d2e3f4a5b6c"
@@ -185,10 +217,16 @@ PV_FS, PV_RAW, PV_OLD = (
     "pvc-3a4b5c6d-7e8f-4a0b-9c1d-2e3f4a5b6c7d",
     "pvc-old-staged",
 )
+
+
 # A kubelet node's /proc/1/mountinfo as the kernel writes it (EKS, EBS CSI driver): the root disk, devtmpfs,
 # one filesystem PVC on nvme1n1 staged at its (hashed) globalmount and mounted by two pods, a raw block PVC
 # whose device node nvme2n1 is bound from devtmpfs at its publish path, a partition staged at an old-style
 # globalmount, a projected token volume (tmpfs), and a disk no pod mounts.
+def kubelet_mountinfo(kubelet: str | Path) -> str:
+    return KUBELET_MOUNTINFO.replace("/var/lib/kubelet", str(kubelet))
+
+
 KUBELET_MOUNTINFO = f"""\
 24 1 259:1 / / rw,relatime shared:1 - xfs /dev/nvme0n1p1 rw,attr2,inode64,logbufs=8,logbsize=32k,noquota
 25 24 0:5 / /dev rw,nosuid shared:2 - devtmpfs devtmpfs rw,size=3977308k,nr_inodes=994327,mode=755
@@ -217,7 +255,9 @@ def kubelet_node(machine):
             machine.block(f"pci0000:00/0000:00:1{i}.0/nvme/nvme{i}/{name}", f"{name}p1", "259:7", 2095104, partition=1)
     machine.block("pci0000:00/0000:00:19.0/nvme/nvme9", "nvme9n1", "259:9", 2097152)
     (machine.proc / "1").mkdir()
-    (machine.proc / "1" / "mountinfo").write_text(KUBELET_MOUNTINFO)
+    (machine.proc / "1" / "mountinfo").write_text(kubelet_mountinfo(machine.root / "var/lib/kubelet"))
+    for pod in (POD_A, POD_B):  # the kubelet's records of the claim both pods mount
+        write_vol_data(machine.root / f"var/lib/kubelet/pods/{pod}/volumes/kubernetes.io~csi/{PV_FS}", PERSISTENT)
     return machine
 
 
@@ -231,12 +271,19 @@ def test_discovered_disks_get_the_persistent_volume_kubelet_mounts_from_them(kub
     assert host.kubernetes_volumes(devices["nvme9n1"], mounts) == set()
     assert mounts[-2].root == "/nvme2n1" and mounts[0].root == "/"
     # Only the mounts at kubelet volume paths: not /, /dev, /proc, nor a CSI driver's own staging directory.
-    assert [m.mount_point.split("/")[4] for m in mounts] == ["pods", "pods", "pods", "plugins", "plugins"]
+    kubelet = f"{kubelet_node.root}/var/lib/kubelet/"
+    assert [m.mount_point.removeprefix(kubelet).split("/")[0] for m in mounts] == [
+        "pods",
+        "pods",
+        "pods",
+        "plugins",
+        "plugins",
+    ]
 
 
 def test_without_pid_1s_mounts_kubelets_are_read_from_this_process(kubelet_node):
     (kubelet_node.proc / "1" / "mountinfo").unlink()
-    (kubelet_node.proc / "self" / "mountinfo").write_text(KUBELET_MOUNTINFO)
+    (kubelet_node.proc / "self" / "mountinfo").write_text(kubelet_mountinfo(kubelet_node.root / "var/lib/kubelet"))
     host = kubelet_node.host()
     assert host.kubernetes_volumes(host.devices()["nvme2n1"], host.kubelet_mounts()) == {(PV_RAW, POD_RAW)}
 
@@ -275,9 +322,10 @@ def test_the_target_collector_labels_a_discovered_disk_and_keeps_its_choice(kube
     assert labels() == {"nvme1n1": (PV_FS, first), "nvme9n1": ("", "")}  # one series per target, as before
     later = max(POD_A, POD_B)
     mountinfo = kubelet_node.proc / "1" / "mountinfo"
-    mountinfo.write_text("\n".join(line for line in KUBELET_MOUNTINFO.splitlines() if first not in line) + "\n")
+    text = mountinfo.read_text()
+    mountinfo.write_text("\n".join(line for line in text.splitlines() if first not in line) + "\n")
     assert labels()["nvme1n1"] == (PV_FS, later)  # its pod went, the other still mounts it
-    mountinfo.write_text(KUBELET_MOUNTINFO)
+    mountinfo.write_text(text)
     assert labels()["nvme1n1"] == (PV_FS, later)  # a pod mounting it again changes nothing
 
 
@@ -376,7 +424,8 @@ def test_a_scrape_matches_devices_against_kubelet_volume_mounts_only(kubelet_nod
     assert readings.kubernetes_volumes(host, devices) == every_mount
     assert sorted(looked) == sorted(d.name for d in devices)
     looked.clear()
-    no_pods = "".join(line for line in KUBELET_MOUNTINFO.splitlines(True) if "/kubelet/" not in line)
+    text = (kubelet_node.proc / "1" / "mountinfo").read_text()
+    no_pods = "".join(line for line in text.splitlines(True) if "/kubelet/" not in line)
     (kubelet_node.proc / "1" / "mountinfo").write_text(no_pods)
     assert readings.kubernetes_volumes(host, devices) == {}
     assert looked == []

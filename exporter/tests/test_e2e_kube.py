@@ -7,6 +7,7 @@ claim's namespace and name."""
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 import time
 from pathlib import Path
@@ -68,6 +69,9 @@ def test_a_discovered_pod_volume_gets_its_namespace_and_claim(
     name = Path(loop).name
     point = tmp_path / "var/lib/kubelet/pods" / POD / "volumes/kubernetes.io~csi" / PV / "mount"
     point.mkdir(parents=True)
+    # The kubelet's record that it is that PersistentVolume's (an inline volume's directory name is its pod's).
+    record = {"driverName": "ebs.csi.aws.com", "specVolID": PV, "volumeLifecycleMode": "Persistent"}
+    (point.parent / "vol_data.json").write_text(json.dumps(record))
     run("mkfs.ext4", "-q", "-F", loop)
     run("mount", loop, str(point))
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import math
 import os
 import subprocess
@@ -271,6 +272,9 @@ def test_a_kubelet_volume_path_gives_the_persistent_volume_and_pod(tmp_path, mak
     pod, pv = "0f3b6a9e-5f7d-4c1e-9a77-3d2b1c0e9f11", "pvc-8d1c2a4e-1b2f-4d3e-8f9a-0c1d2e3f4a5b"
     point = tmp_path / "var/lib/kubelet/pods" / pod / "volumes/kubernetes.io~csi" / pv / "mount"
     point.mkdir(parents=True)
+    # The kubelet's record that it is that PersistentVolume's (an inline volume's directory name is its pod's).
+    record = {"driverName": "ebs.csi.aws.com", "specVolID": pv, "volumeLifecycleMode": "Persistent"}
+    (point.parent / "vol_data.json").write_text(json.dumps(record))
     loop = make_loop(64 * MIB)
     run("mkfs.ext4", "-q", "-F", loop)
     run("mount", loop, str(point))

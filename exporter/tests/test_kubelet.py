@@ -122,10 +122,10 @@ def test_every_mounted_pod_volume_with_its_claim_driver_and_backing(node: Path) 
         90,
     )
     assert found[POD_B, PV_EFS].mount.source == "127.0.0.1:/"
-    fuse = found[POD_B, PV_FUSE]  # no vol_data.json: no driver, the directory's name as the PV
-    assert (fuse.pv, fuse.driver, fuse.backing, fuse.mount.fstype) == (PV_FUSE, "", "filesystem", "fuse.mountpoint-s3")
+    fuse = found[POD_B, PV_FUSE]  # no vol_data.json: no driver, and no record of a PersistentVolume
+    assert (fuse.pv, fuse.driver, fuse.backing, fuse.mount.fstype) == ("", "", "filesystem", "fuse.mountpoint-s3")
     nfs = found[POD_B, "shared data"]  # in-tree: the directory itself is the mount; mountinfo's \040 unescaped
-    assert (nfs.plugin, nfs.driver, nfs.backing) == ("kubernetes.io~nfs", "kubernetes.io/nfs", "filesystem")
+    assert (nfs.plugin, nfs.driver, nfs.backing, nfs.pv) == ("kubernetes.io~nfs", "kubernetes.io/nfs", "filesystem", "")
     assert nfs.path.endswith("/volumes/kubernetes.io~nfs/shared data")
 
 
@@ -168,7 +168,7 @@ def test_a_hostile_vol_data_names_no_driver_and_never_fails(node: Path, name: st
     target = node / "pods" / POD_A / "volumes" / "kubernetes.io~csi" / PV_EFS / "vol_data.json"
     target.write_bytes(HOSTILE[name])
     efs = next(v for v in volumes(node) if v.pod_uid == POD_A and v.name == PV_EFS)
-    assert efs.driver == "" and efs.pv == PV_EFS and efs.backing == "filesystem"
+    assert efs.driver == "" and efs.pv == "" and efs.backing == "filesystem"
     if name == "control-chars":
         assert efs.csi.volume_handle == "h"  # what is printable is kept, field by field
 
@@ -327,8 +327,9 @@ def test_the_mount_watch_checks_a_pod_volume_by_its_device_and_times_it(tmp_path
 def test_the_exporter_follows_pod_volumes_from_the_node_mount_table(tmp_path: Path) -> None:
     """The running exporter, in process, on a fixture /proc whose PID 1 mounted two pod volumes (nfs4 and FUSE,
     at directories of this test's filesystem, so that their checks answer): each gets its mount check and
-    target_info with pv, pod_uid and driver; the one whose line goes (unmounted) loses its series at the next
-    rescan; a reload keeps the other; nothing of the exporter's stays open in the kubelet's directory."""
+    target_info with pod_uid, and pv and driver where vol_data.json records them; the one whose line goes
+    (unmounted) loses its series at the next rescan; a reload keeps the other; nothing of the exporter's stays open
+    in the kubelet's directory."""
     from volprobe.collectors.target import TargetCollector
     from volprobe.runtime import Exporter
 
@@ -366,7 +367,7 @@ def test_the_exporter_follows_pod_volumes_from_the_node_mount_table(tmp_path: Pa
         info = {s.labels["target"]: s.labels for s in TargetCollector(exporter).collect()[0].samples}
         assert (info[efs]["pv"], info[efs]["pod_uid"], info[efs]["driver"]) == (PV_EFS, POD_A, "efs.csi.aws.com")
         assert (info[efs]["fstype"], info[efs]["device"]) == ("nfs4", "")
-        assert (info[fuse]["pv"], info[fuse]["pod_uid"], info[fuse]["driver"]) == (PV_FUSE, POD_B, "")
+        assert (info[fuse]["pv"], info[fuse]["pod_uid"], info[fuse]["driver"]) == ("", POD_B, "")  # no record
         assert exporter.probe_readings() == []  # the mount check only: nothing probed, nothing written
         # Nothing held between checks (a check in flight holds its directory for a moment): told by the file, not
         # its name, as a check opens it through a private copy of the mount.
@@ -385,3 +386,72 @@ def test_the_exporter_follows_pod_volumes_from_the_node_mount_table(tmp_path: Pa
         assert exporter.target_readings() == [] and exporter.pod_volume_drivers() == {}
     finally:
         exporter.stop(1.0)
+
+
+# A tenant's pod (POD_B) names its inline ephemeral CSI volume after a real PersistentVolume (PV_EBS, pod A's claim):
+# the kubelet makes pods/<uid>/volumes/kubernetes.io~csi/<that name>/ and records the volume there as it is.
+VOL_DATA_INLINE = {
+    "attachmentID": "csi-5e9b0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b",
+    "driverName": "ebs.csi.aws.com",
+    "nodeName": "ip-10-0-1-23.ec2.internal",
+    "specVolID": PV_EBS,  # the pod's volume name
+    "volumeHandle": "csi-8b0e2d7c4a1f3e5b9d6c2a0f8e4b1d7c3a9f5e2b0d8c6a4f1e3b7d9c5a2f0e8",
+    "volumeLifecycleMode": "Ephemeral",
+}
+RECORDS = {
+    "persistent": (VOL_DATA_EBS, PV_EBS),
+    "persistent, no mode (an old kubelet)": (
+        {k: v for k, v in VOL_DATA_EBS.items() if k != "volumeLifecycleMode"},
+        PV_EBS,
+    ),
+    "inline ephemeral": (VOL_DATA_INLINE, ""),
+    "persistent, of another directory": ({**VOL_DATA_EBS, "specVolID": PV_EFS}, ""),
+    "persistent, no specVolID": ({k: v for k, v in VOL_DATA_EBS.items() if k != "specVolID"}, ""),
+    "an unknown mode": ({**VOL_DATA_EBS, "volumeLifecycleMode": "persistent"}, ""),
+    "no record": (None, ""),
+}
+
+
+@pytest.mark.parametrize("record", sorted(RECORDS))
+def test_a_pv_is_only_what_the_kubelet_recorded_as_a_persistent_volume(tmp_path: Path, record: str) -> None:
+    """A CSI volume's directory of pod B named PV_EBS, an ext4 on nvme1n1: its pv (PodVolume.pv, the label of the
+    target at its path and of its disk, and what a rule's `pv` matches) is PV_EBS only where vol_data.json says it
+    is that PersistentVolume's: Persistent (or no mode), specVolID the directory's name. Its driver's rule is
+    unaffected (the kubelet's record of the driver)."""
+    from volprobe import discovery
+
+    data, expected = RECORDS[record]
+    root = tmp_path / "kubelet"
+    directory = root / "pods" / POD_B / "volumes" / "kubernetes.io~csi" / PV_EBS
+    (directory / "mount").mkdir(parents=True)
+    if data is not None:
+        (directory / "vol_data.json").write_text(json.dumps(data))
+    line = f"1087 24 259:4 / {directory}/mount rw,relatime shared:489 - ext4 /dev/nvme1n1 rw\n"
+    mounts = parse_mountinfo(line)
+    (volume,) = kubelet.pod_volumes(str(root), mounts)
+    assert volume.pv == expected
+    assert discovery.kubernetes_volume(f"{directory}/mount") == (expected, POD_B)
+    assert discovery.kubernetes_volume(f"{directory}/mount/pgdata") == (expected, POD_B)  # a target inside it
+    assert discovery.kubernetes_volumes_of(mounts, {(259, 4)}, set()) == ({(expected, POD_B)} if expected else set())
+    by_pv = config.parse({"kubernetes": {"rules": [{"pv": PV_EBS}, {"pv": ".*"}]}}).kubernetes
+    assert (by_pv.rule_for(volume.driver, volume.pv, volume.path) is not None) == bool(expected)
+    by_driver = config.parse({"kubernetes": {"rules": [{"driver": "ebs.csi.aws.com"}]}}).kubernetes
+    assert (by_driver.rule_for(volume.driver, volume.pv, volume.path) is not None) == (data is not None)
+
+
+def test_an_in_tree_volume_names_no_pv_whatever_its_name(tmp_path: Path) -> None:
+    """An in-tree plugin's volume (kubernetes.io~nfs) may be given inline in a pod's spec, named by its tenant, and
+    nothing the kubelet keeps on the node tells it from a PersistentVolume's: no pv, no `pv` rule."""
+    from volprobe import discovery
+
+    point = tmp_path / "kubelet" / "pods" / POD_B / "volumes" / "kubernetes.io~nfs" / PV_EFS
+    point.mkdir(parents=True)
+    (volume,) = kubelet.pod_volumes(
+        str(tmp_path / "kubelet"), parse_mountinfo(f"1 24 0:61 / {point} rw - nfs nas:/x rw\n")
+    )
+    assert (volume.pv, volume.driver) == ("", "kubernetes.io/nfs")
+    assert discovery.kubernetes_volume(str(point)) == ("", POD_B)
+    assert (
+        config.parse({"kubernetes": {"rules": [{"pv": ".*"}]}}).kubernetes.rule_for(volume.driver, "", str(point))
+        is None
+    )

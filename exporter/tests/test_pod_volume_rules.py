@@ -5,6 +5,7 @@ kubelet tree and mount table built here, and the worker on a directory of the te
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -285,6 +286,90 @@ def test_a_held_probe_keeps_its_descriptor_as_before(tmp_path: Path) -> None:
         assert io.keep is True
     finally:
         targets.close([target])
+
+
+def test_a_rule_volume_is_resolved_without_a_lookup_of_its_path_but_open_trees(tmp_path: Path, monkeypatch) -> None:
+    """Resolving and preparing a rule's volume asks nothing of the kubelet's path, in it or below it, by name: no
+    stat, lstat, access nor realpath (which would each walk into the kubelet's mount, where a hung server would
+    hold it), only the open_tree of its private copy; the rest is asked of descriptors."""
+    root, host = _node(tmp_path)
+    db = root / "pods" / POD / "volumes" / "kubernetes.io~csi" / PV_DB / "mount"
+    asked: list[tuple[str, str]] = []
+
+    def guard(name: str, real):
+        def call(path, *args, **kwargs):
+            if kwargs.get("dir_fd") is None and os.fsdecode(os.fspath(path)).startswith(str(db)):
+                asked.append((name, os.fsdecode(os.fspath(path))))
+            return real(path, *args, **kwargs)
+
+        return call
+
+    for name in ("stat", "lstat", "access"):
+        monkeypatch.setattr(os, name, guard(f"os.{name}", getattr(os, name)))
+    monkeypatch.setattr(os.path, "realpath", guard("os.path.realpath", os.path.realpath))
+    running = _Targets()
+    follower = PodVolumeFollower(host, running, threading.Lock(), lambda new: running.running.extend(new), None)  # type: ignore[arg-type]
+    kube = {"kubelet_directory": str(root), "rules": [{"pv": PV_DB, "probes": [{"op": "write"}, {"op": "commit"}]}]}
+    follower.config = config.parse({"kubernetes": kube})
+    try:
+        follower.rescan()
+        ours = next(t for t in running.running if t.path == str(db))
+        assert [p.op for p in ours.probes] == ["write", "commit"]
+        assert sorted(os.listdir(db)) == sorted([PROBE_FILE_NAME, ops.COMMIT.file])
+        assert asked == []
+    finally:
+        targets.close(running.running)
+
+
+TENANT_POD = "2b3c4d5e-6f70-4812-9a3b-4c5d6e7f8091"
+
+
+def test_an_inline_volume_named_after_a_persistent_volume_takes_neither_its_rule_nor_its_pv(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Another pod's inline ephemeral CSI volume, which its tenant named PV_DB after pod POD's claim, an nfs4 share
+    (its server the tenant's): the kubelet records it as Ephemeral. The rule `pv: PV_DB` probes the claim alone,
+    never writes into the inline volume (which has the mount check a filesystem has without a rule), and
+    target_info gives it its pod but no pv nor driver: neither is a PersistentVolume's."""
+    from volprobe.collectors.target import TargetCollector
+    from volprobe.view import TargetReading
+
+    from .support.fakeview import FakeView
+
+    root, host = _node(tmp_path)
+    monkeypatch.setattr(Host, "mount_for_path", lambda self, path: None)
+    monkeypatch.setattr(Host, "device_for_path", lambda self, path: None)
+    db = root / "pods" / POD / "volumes" / "kubernetes.io~csi" / PV_DB / "mount"
+    inline = root / "pods" / TENANT_POD / "volumes" / "kubernetes.io~csi" / PV_DB
+    (inline / "mount").mkdir(parents=True)
+    record = {"driverName": "ebs.csi.aws.com", "specVolID": PV_DB, "volumeHandle": "csi-0a1b", "nodeName": "n1"}
+    (inline / "vol_data.json").write_text(json.dumps({**record, "volumeLifecycleMode": "Ephemeral"}))
+    mountinfo = tmp_path / "proc" / "1" / "mountinfo"
+    with mountinfo.open("a") as lines:
+        lines.write(f"300 1 0:62 / {inline}/mount rw - nfs4 10.9.9.9:/ rw\n")
+    running = _Targets()
+    follower = PodVolumeFollower(host, running, threading.Lock(), lambda new: running.running.extend(new), None)  # type: ignore[arg-type]
+    kube = {"kubelet_directory": str(root), "rules": [{"pv": PV_DB, "probes": [{"op": "write"}]}]}
+    follower.config = config.parse({"kubernetes": kube})
+    try:
+        follower.rescan()
+        by_path = {t.path: t for t in running.running}
+        assert [p.op for p in by_path[str(db)].probes] == ["write"]
+        assert by_path[f"{inline}/mount"].probes == ()  # its mount check alone
+        assert os.listdir(inline / "mount") == []
+        assert by_path[f"{inline}/mount"].pod_volume.pv == ""  # type: ignore[union-attr]
+        readings = [TargetReading(t.name, t.path, None, t.mount, (), t.config.limits) for t in running.running]
+        view = FakeView(targets=readings, drivers=follower.drivers())
+        info = {s.labels["target"]: s.labels for s in TargetCollector(view).collect()[0].samples}
+        assert (info[str(db)]["pv"], info[str(db)]["pod_uid"], info[str(db)]["driver"]) == (
+            PV_DB,
+            POD,
+            "ebs.csi.aws.com",
+        )
+        theirs = info[f"{inline}/mount"]
+        assert (theirs["pv"], theirs["pod_uid"], theirs["driver"]) == ("", TENANT_POD, "")
+    finally:
+        targets.close(running.running)
 
 
 def test_volumes_parse_for_the_fixture(tmp_path: Path) -> None:

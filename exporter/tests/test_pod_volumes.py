@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .support.harness import MIB, probes_done, run, sample_value, write_config
+from .support.harness import MIB, probes_done, run, sample_value, wait_until, write_config
 
 pytestmark = [pytest.mark.root, pytest.mark.lab, pytest.mark.slow]
 
@@ -535,3 +535,66 @@ def test_a_rule_volume_that_does_not_answer_holds_up_no_other_pod_volume(
         )
         assert sample_value(exporter.metrics(), "volprobe_mount_responsive", target=str(web)) == 1
         assert "Traceback" not in exporter.log()
+
+
+HUNG_RESOLUTIONS = 3
+
+
+def test_a_rule_volume_is_resolved_through_its_private_copy_and_the_kubelet_unmounts_it_at_the_first_try(
+    tmp_path, fuse_directory, start_exporter
+) -> None:
+    """A rule's volume appears while its server does not answer its metadata (getattr, statfs stalled): its
+    resolution hangs in the volume. Through the private copy of the mount (the mount point walked by open_tree
+    alone, every other question asked of the copy's descriptor), that hang keeps no unmount of the kubelet's mount
+    from succeeding at the first try (asked at the path, with a stat, an access or a realpath, it would: busy),
+    each of HUNG_RESOLUTIONS times; once the server answers, what was in flight finds the volume gone and writes
+    nothing. Then, resolved and probed, the volume unmounts at the first try at random moments while its probes
+    run, each time bound again and resolved anew, and nothing of it is left open."""
+    kubelet = tmp_path / "kubelet"
+    web = volume_directory(kubelet, POD_WEB, PV_FUSE, "efs.csi.aws.com", "fs-0a1b2c3d")
+    lab = fuse_directory()
+    text = (
+        "mount_check: {interval: 200ms, timeout: 1s}\n"
+        f"kubernetes: {{kubelet_directory: {kubelet}, rescan_interval: {RESCAN_S}s,\n"
+        "  rules: [{driver: efs.csi.aws.com, probes: [{op: write, interval: 200ms}]}]}\n"
+    )
+    hung = "but cannot be probed: the volume does not answer"
+    try:
+        run("mount", "--bind", str(lab.path), str(web))
+        lab.stall("meta")
+        exporter = start_exporter("--config", write_config(tmp_path, text))
+        pid = exporter.process.pid
+        for attempt in range(HUNG_RESOLUTIONS):
+            if attempt:
+                run("mount", "--bind", str(lab.path), str(web))
+                lab.stall("meta")
+            seen = exporter.log().count(hung)
+            wait_until(lambda s=seen: exporter.log().count(hung) > s, timeout=15, what=f"resolution {attempt} hung")
+            assert lab.status()["stalled"] >= 1
+            umount2(web)  # no EBUSY: what hangs is on the copy
+            assert not is_mount(web)
+            lab.release()
+            exporter.wait_for(lambda s: info(s, str(web)) is None, timeout=10, what="its target gone")
+            nothing_held(pid, lab.path, within=5.0)
+        assert os.listdir(lab.backing) == []  # what returned after the unmount wrote nothing
+        assert os.listdir(web) == []
+
+        run("mount", "--bind", str(lab.path), str(web))
+        exporter.wait_for(lambda s: probes_done(s, str(web), "write") >= 3, what="the write probes")
+        for attempt in range(5):
+            exporter.wait_for(
+                lambda s: probes_done(s, str(web), "write") >= 2, timeout=15, what=f"probes before unmount {attempt}"
+            )
+            time.sleep(random.uniform(0, 0.2))
+            result = subprocess.run(["umount", str(web)], capture_output=True, text=True)
+            assert result.returncode == 0, f"unmount {attempt}: {result.stderr}"
+            assert os.listdir(web) == []
+            exporter.wait_for(lambda s: info(s, str(web)) is None, timeout=10, what="its target gone")
+            run("mount", "--bind", str(lab.path), str(web))
+        nothing_held(pid, kubelet)
+        nothing_held(pid, lab.path)
+        assert "Traceback" not in exporter.log()
+    finally:  # a failure leaves no bind mount behind, nor the daemon stalled
+        lab.release()
+        if is_mount(web):
+            subprocess.run(["umount", "-l", str(web)], check=False)

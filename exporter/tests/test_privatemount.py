@@ -4,7 +4,9 @@ the directory is opened at its path, and that is said."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +81,57 @@ def test_without_cap_sys_admin_the_directory_opens_at_its_path_and_that_is_said(
     available, inode = result.stdout.splitlines()
     assert available == "(False, 'open_tree: Operation not permitted; pod volumes are opened at their path')"
     assert int(inode) == os.stat(tmp_path).st_ino
+
+
+LOCKED_DOWN = os.ST_NODEV | os.ST_NOSUID | os.ST_NOEXEC
+
+
+def test_the_copy_is_nodev_nosuid_noexec_and_a_device_node_in_the_volume_does_not_open_through_it(
+    tmpfs: Path,
+) -> None:
+    """The kubelet's mount allows devices (this tmpfs does); a tenant's device node in its volume opens at the
+    mount's path, never through the copy volprobe opens it by, whose own options (read from the descriptor, the
+    mount it is on) say nodev, nosuid, noexec."""
+    os.mknod(tmpfs / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's
+    assert os.statvfs(tmpfs).f_flag & LOCKED_DOWN == 0
+    os.close(os.open(tmpfs / "null", os.O_RDONLY))  # the kubelet's mount: it opens
+    directory = privatemount.open_directory(str(tmpfs))
+    try:
+        assert os.statvfs(directory).f_flag & LOCKED_DOWN == LOCKED_DOWN
+        with pytest.raises(PermissionError):
+            os.open("null", os.O_RDONLY | os.O_NONBLOCK, dir_fd=directory)
+        fd = os.open("file", os.O_CREAT | os.O_RDWR, 0o600, dir_fd=directory)  # its files do
+        try:
+            assert os.fstatvfs(fd).f_flag & LOCKED_DOWN == LOCKED_DOWN
+        finally:
+            os.close(fd)
+    finally:
+        os.close(directory)
+    assert os.statvfs(tmpfs).f_flag & LOCKED_DOWN == 0  # the kubelet's mount is left as it was
+
+
+@pytest.mark.parametrize("where", ["at the start", "on a volume"])
+def test_without_mount_setattr_no_copy_is_used_and_that_is_said(tmpfs: Path, monkeypatch, where: str) -> None:
+    """A copy that cannot be made nodev, nosuid and noexec (a kernel before 5.12: ENOSYS) is never used: private
+    copies are unavailable from then on, with the reason, and directories open at their path as without
+    open_tree."""
+    real = privatemount._mount_setattr
+    monkeypatch.setattr(privatemount, "_available", None)
+    if where == "on a volume":
+        assert privatemount.available() == (True, "")
+
+    def missing(tree: int, attr_set: int) -> None:
+        if os.fstat(tree).st_dev == os.stat(tmpfs).st_dev or where == "at the start":
+            raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+        real(tree, attr_set)
+
+    monkeypatch.setattr(privatemount, "_mount_setattr", missing)
+    directory = privatemount.open_directory(str(tmpfs))
+    try:
+        assert os.readlink(f"/proc/self/fd/{directory}") == str(tmpfs)  # at its path, not "/" of a copy
+    finally:
+        os.close(directory)
+    why = "mount_setattr: Function not implemented; pod volumes are opened at their path"
+    assert privatemount.available() == (False, why)
+    monkeypatch.setattr(privatemount, "_mount_setattr", real)
+    assert privatemount.available() == (False, why)  # for the process: not tried again

@@ -257,7 +257,12 @@ class PodVolumeRule:
     matches a volume is its."""
 
     driver: str | None = setting(None, DRIVER, "the CSI driver (vol_data.json's driverName) or in-tree plugin, exact")
-    pv: str | None = setting(None, REGEX, "the PersistentVolume's name: a regular expression, matched whole")
+    pv: str | None = setting(
+        None,
+        REGEX,
+        "the PersistentVolume's name, as the kubelet recorded it (never an inline volume's): a regular expression, "
+        "matched whole",
+    )
     path: str | None = setting(None, GLOB, "the volume's mount point: a glob (fnmatch: `*` matches `/` too)")
     probe_file_size: int = setting(
         POD_PROBE_FILE_SIZE, schema.POSITIVE_SIZE, "size of the probe file written in the volume (and of a commit log)"
@@ -271,10 +276,11 @@ class PodVolumeRule:
     key: str = ""  # where it sits in the config file
 
     def matches(self, driver: str, pv: str, path: str) -> bool:
-        """Whether a pod volume of that driver, PV name and mount point is this rule's."""
+        """Whether a pod volume of that driver, PV name and mount point is this rule's. A volume that is no
+        PersistentVolume (pv "": an inline ephemeral one) never matches a rule with `pv`, whatever it allows."""
         return (
             (self.driver is None or self.driver == driver)
-            and (self.pv is None or re.fullmatch(self.pv, pv) is not None)
+            and (self.pv is None or (pv != "" and re.fullmatch(self.pv, pv) is not None))
             and (self.path is None or fnmatch.fnmatchcase(path, self.path))
         )
 

@@ -144,9 +144,14 @@ def parse_mountinfo(text: str) -> list[Mount]:
     return mounts
 
 
+# A pod's volume: .../pods/<pod uid>/volumes/kubernetes.io~<plugin>/<name>[/mount]. Its name is the pod spec's (its
+# tenant's) for an inline volume, the PersistentVolume's otherwise: a PersistentVolume only where the kubelet's
+# record beside it says so (kubelet.persistent_volume_at). The other paths are a PersistentVolume's alone.
+_POD_VOLUME = re.compile(
+    r"/pods/(?P<pod>[0-9a-f-]{36})/volumes/kubernetes\.io~(?P<plugin>[^/]+)/(?P<pv>[^/]+)(?:/mount)?(?:/|$)"
+)
 _KUBELET_PATTERNS = [
-    # Filesystem volumes: .../pods/<pod uid>/volumes/kubernetes.io~<plugin>/<pv>[/mount]
-    re.compile(r"/pods/(?P<pod>[0-9a-f-]{36})/volumes/kubernetes\.io~[^/]+/(?P<pv>[^/]+)(?:/mount)?(?:/|$)"),
+    _POD_VOLUME,
     # Raw block volumes: .../pods/<pod uid>/volumeDevices/kubernetes.io~<plugin>/<pv>
     re.compile(r"/pods/(?P<pod>[0-9a-f-]{36})/volumeDevices/kubernetes\.io~[^/]+/(?P<pv>[^/]+)(?:/|$)"),
     # CSI block volumes as published: .../csi/volumeDevices/publish/<pv>/<pod uid>
@@ -161,14 +166,28 @@ _KUBELET_PATTERNS = [
 _KUBELET_MARKERS = ("kubernetes.io", "/csi/volumeDevices/publish/")
 
 
+def kubelet_volume_path(path: str) -> bool:
+    """Whether `path` is (or is in) a volume's path in the kubelet's layout: pure parsing, nothing read."""
+    return any(pattern.search(path) for pattern in _KUBELET_PATTERNS)
+
+
 def kubernetes_volume(*paths: str) -> tuple[str, str]:
-    """(PersistentVolume name, pod UID) of the first kubelet volume path among `paths`, or ("", "")."""
+    """(PersistentVolume name, pod UID) of the first kubelet volume path among `paths`, or ("", ""). A pod's
+    volume directory names a PersistentVolume only where the kubelet recorded one there (a CSI volume's
+    vol_data.json, read: kubelet.persistent_volume_at); any other (an inline ephemeral CSI volume, an in-tree
+    plugin's) gives ("", pod UID)."""
     for path in paths:
         for pattern in _KUBELET_PATTERNS:
             match = pattern.search(path or "")
             if match:
                 groups = match.groupdict()
-                return groups.get("pv") or "", groups.get("pod") or ""
+                pv = groups.get("pv") or ""
+                if pattern is _POD_VOLUME:
+                    from . import kubelet  # which imports this module
+
+                    plugin = f"kubernetes.io~{groups['plugin']}"
+                    pv = kubelet.persistent_volume_at(path[: match.end("pv")]) if plugin == kubelet.CSI_PLUGIN else ""
+                return pv, groups.get("pod") or ""
     return "", ""
 
 
@@ -439,7 +458,7 @@ class Host:
             return []
 
     def kubelet_mounts(self) -> list[Mount]:
-        """The host's mounts at kubelet's volume paths (kubernetes_volume() names them): PID 1's mount namespace
+        """The host's mounts at kubelet's volume paths (kubelet_volume_path()): PID 1's mount namespace
         (the host's init under hostPID, or with the host's /proc as --path.procfs), else this process's if PID
         1's cannot be read. Read at every scrape: the other mounts are left out before they are parsed."""
         for pid in ("1", "self"):
@@ -448,7 +467,7 @@ class Host:
             except OSError:
                 continue
             lines = [line for line in text.split("\n") if any(marker in line for marker in _KUBELET_MARKERS)]
-            return [mount for mount in parse_mountinfo("\n".join(lines)) if kubernetes_volume(mount.mount_point)[0]]
+            return [mount for mount in parse_mountinfo("\n".join(lines)) if kubelet_volume_path(mount.mount_point)]
         return []
 
     def kubernetes_volumes(self, device: BlockDevice, mounts: list[Mount]) -> set[tuple[str, str]]:

@@ -9,6 +9,12 @@ the directory is never listed, and nothing inside a volume is ever read. vol_dat
 VOL_DATA_MAX_BYTES, opened with O_NOFOLLOW and checked to be a regular file by fstat: a file that is not what the
 kubelet writes names no driver, and is never an error.
 
+A volume's PersistentVolume (`pv`) is only what the kubelet's own record says: a CSI volume's vol_data.json whose
+volumeLifecycleMode is Persistent (absent where kubelets wrote none) and whose specVolID is the volume's directory
+name (persistent_volume()). An inline ephemeral CSI volume (Ephemeral) is named by its pod's spec, which its tenant
+writes, as is an in-tree plugin's volume given inline, which nothing on the node tells from a PersistentVolume's:
+none of those has a pv, and none matches a rule's `pv`.
+
 A volume is `block` when a block device backs it (a real device number, or a mount source under /dev for a
 filesystem such as btrfs that reports an anonymous one): its disk is discovery's to probe. It is `filesystem`
 when it is a network or FUSE filesystem (NETWORK_FSTYPES, fuse.*): those get a mount check (runtime.pods).
@@ -31,6 +37,7 @@ VOL_DATA = "vol_data.json"
 VOL_DATA_MAX_BYTES = 64 * 1024  # the kubelet writes a few hundred bytes
 NETWORK_FSTYPES = frozenset({"nfs", "nfs4", "ceph", "cifs", "smb3", "glusterfs", "9p", "lustre", "virtiofs"})
 BLOCK, FILESYSTEM, VIRTUAL = "block", "filesystem", "virtual"
+PERSISTENT = "Persistent"  # vol_data.json's volumeLifecycleMode of a PersistentVolume's volume
 
 _POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _PLUGIN = re.compile(r"[a-z0-9.-]+~[a-z0-9.-]+")
@@ -47,20 +54,40 @@ class CsiData:
     node_name: str = ""
     lifecycle_mode: str = ""
 
+    @property
+    def persistent(self) -> bool:
+        """Whether the kubelet recorded a PersistentVolume's: Persistent, or no mode at all (kubelets before
+        inline ephemeral volumes wrote none), with a specVolID."""
+        return self.lifecycle_mode in ("", PERSISTENT) and self.spec_volume_id != ""
+
+
+def persistent_volume(plugin: str, name: str, csi: CsiData) -> str:
+    """The PersistentVolume a pod volume (`plugin`, directory `name`) is, as the kubelet's record `csi` says; ""
+    where it does not say one (see the module's doc)."""
+    if plugin != CSI_PLUGIN or not csi.persistent or csi.spec_volume_id != name:
+        return ""
+    return csi.spec_volume_id
+
+
+def persistent_volume_at(directory: str) -> str:
+    """persistent_volume() of the CSI volume directory `directory` (pods/<uid>/volumes/kubernetes.io~csi/<name>),
+    from its vol_data.json (read_vol_data())."""
+    return persistent_volume(CSI_PLUGIN, os.path.basename(directory), read_vol_data(os.path.join(directory, VOL_DATA)))
+
 
 @dataclass(frozen=True)
 class PodVolume:
     pod_uid: str
     plugin: str  # kubernetes.io~csi, kubernetes.io~nfs, ...
-    name: str  # the volume's directory: the PV's name for a claim's volume, else the pod's volume name
+    name: str  # the volume's directory: the PV's name for a claim's volume, else the pod's (its tenant's) name
     path: str  # the mount point
     mount: Mount
     csi: CsiData
 
     @property
     def pv(self) -> str:
-        """The PersistentVolume: vol_data.json's specVolID for CSI, else the directory's name."""
-        return self.csi.spec_volume_id or self.name
+        """The PersistentVolume, as the kubelet recorded it (persistent_volume()); "" for any other volume."""
+        return persistent_volume(self.plugin, self.name, self.csi)
 
     @property
     def driver(self) -> str:

@@ -16,7 +16,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from . import metadata, mountcheck, ops, probefile, safety
+from . import metadata, mountcheck, ops, privatemount, probefile, safety
 from .config import PROBE_FILE_NAME, Config, ConfigError, ProbeConfig, TargetConfig, default_probes
 from .discovery import SKIP_BY_DEFAULT, BlockDevice, Host, Mount
 from .kubelet import PodVolume
@@ -215,6 +215,12 @@ def _resolve_directory_at(
     except OSError as err:
         problems.append(f"{key}: {path} cannot be opened: {err.strerror}")
         return None
+    _check_existing_files(target, probe_dir, problems)
+    return _resolved_directory(host, target, problems, mount, device, probe_dir)
+
+
+def _check_existing_files(target: TargetConfig, probe_dir: probefile.ProbeDirectory, problems: list[str]) -> None:
+    """The files a directory target's probes write that exist already: each must be volprobe's (only reads)."""
     problem = probefile.check_existing(probe_dir, PROBE_FILE_NAME, target.probe_file_size)
     if problem:
         problems.append(f"{target.key}.probe_file_size: {problem}")
@@ -227,7 +233,51 @@ def _resolve_directory_at(
             continue
         if problem:
             problems.append(f"{probe.key}.op: {problem}")
-    return _resolved_directory(host, target, problems, mount, device, probe_dir)
+
+
+def resolve_pod_volume(host: Host, target: TargetConfig, volume: PodVolume) -> ResolvedTarget:
+    """A rule's pod volume resolved as a directory target, by descriptor alone: its mount point is walked by
+    open_tree(2) only (privatemount.open_directory, each time it is opened), never by a stat, an access or a
+    realpath of its own, so that nothing in flight here (a hung server's) is ever on the kubelet's mount. The
+    directory opened must be the mount the table listed (its device number); its writability (faccessat), its
+    files (probefile.check_existing) and its identity are asked through the copy, its mount is the table's and
+    its device the one sysfs (or the mount's /dev source) names for that number. The ProbeDirectory is known by
+    that identity and never kept open (hold: false); nothing is left open when this returns. ConfigError with
+    every problem."""
+    path = target.directory or volume.path
+    key = f"{target.key}.directory"
+    mount = volume.mount
+    if mount.fstype in REFUSED_FILESYSTEMS:
+        raise ConfigError([f"{key}: {path} is on {mount.fstype}, {REFUSED_FILESYSTEMS[mount.fstype]}"])
+    try:
+        fd = privatemount.open_directory(path)
+    except OSError as err:
+        raise ConfigError([f"{key}: {path} cannot be opened: {err.strerror}"]) from None
+    problems: list[str] = []
+    try:
+        st, vfs = os.fstat(fd), os.fstatvfs(fd)
+        if (os.major(st.st_dev), os.minor(st.st_dev)) != (mount.major, mount.minor):
+            raise ConfigError([f"{key}: {path} is no longer the mount of {mount.major}:{mount.minor}"])
+        if not os.access(".", os.W_OK, dir_fd=fd):
+            problems.append(f"{key}: {path} is not writable by this user; the probe file cannot be created")
+    except OSError as err:
+        raise ConfigError([f"{key}: {path} cannot be asked: {err.strerror}"]) from None
+    finally:
+        os.close(fd)
+    identity = probefile.DirectoryIdentity(st.st_dev, st.st_ino, vfs.f_fsid)
+    probe_dir = probefile.ProbeDirectory(path, identity, keep=False)  # not resolved by name: known by identity
+    _check_existing_files(target, probe_dir, problems)
+    name = host.name_for_devnum(mount.major, mount.minor)
+    if name is None and mount.source.startswith("/dev/"):  # an anonymous st_dev (btrfs): its source names it
+        with contextlib.suppress(OSError):
+            rdev = os.stat(mount.source).st_rdev
+            name = host.name_for_devnum(os.major(rdev), os.minor(rdev))
+    device = host.device(name) if name else None
+    resolved = _resolved_directory(host, target, problems, mount, device, probe_dir)
+    if problems:
+        raise ConfigError(problems)
+    resolved.name, resolved.pod_volume, resolved.host = volume.path, volume, host
+    return resolved
 
 
 def _resolved_directory(

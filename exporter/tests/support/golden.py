@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from unittest import mock
 
 from prometheus_client import CollectorRegistry
 
+from volprobe import kubelet
 from volprobe.app import build_registry
 from volprobe.exposition import generate_text
 
@@ -51,9 +53,16 @@ def registry() -> CollectorRegistry:
     return build_registry(golden_view(), None, str(PROC), FixedPlatform(), clock=lambda: 0.0)
 
 
+def recorded_persistent_volume(directory: str) -> str:
+    """kubelet.persistent_volume_at() on the golden view's node: its one CSI volume's vol_data.json says it is the
+    PersistentVolume pvc-42 (the directory is not on this machine)."""
+    return "pvc-42" if directory.endswith("/volumes/kubernetes.io~csi/pvc-42") else ""
+
+
 def render() -> bytes:
     """The exposition of the golden view."""
-    return generate_text(registry())
+    with mock.patch.object(kubelet, "persistent_volume_at", recorded_persistent_volume):
+        return generate_text(registry())
 
 
 def main(argv: list[str] | None = None) -> int:

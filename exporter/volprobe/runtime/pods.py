@@ -9,12 +9,12 @@ directory target's, but holding nothing between checks: the kubelet must be able
 a descriptor kept there would make its unmount fail (EBUSY) and the pod hang in Terminating. A block-backed one is
 its disk's: discovery probes the disk (reads only) and the target collector gives it the volume's pv. Nothing is
 written into a pod volume, and nothing of it is read (vol_data.json is beside the mount, not in it), unless a rule
-matches it: then, whatever backs it, it is a directory target of the rule's probes (targets.resolve and prepare,
-every check of a directory target's: its probe file made and judged on the descriptor, a hostile owner's names
-never trusted), made with `hold: false` (config.TargetConfig.hold): its directory and files are opened, checked on
-their descriptors, probed and closed again for each probe (probe.ProbeWorker), so that between probes volprobe
-holds nothing there either. Resolving and preparing one (making its probe file) runs in the rescan thread, outside
-the exporter's lock.
+matches it: then, whatever backs it, it is a directory target of the rule's probes (targets.resolve_pod_volume,
+through the private copy of its mount alone, and prepare: every check of a directory target's, its probe file
+made and judged on the descriptor, a hostile owner's names never trusted), made with `hold: false`
+(config.TargetConfig.hold): its directory and files are opened, checked on their descriptors, probed and closed
+again for each probe (probe.ProbeWorker), so that between probes volprobe holds nothing there either. Resolving
+and preparing one (making its probe file) runs in the rescan thread, outside the exporter's lock.
 
 A volume no longer in the mount table (unmounted, its pod gone), or mounted again (another device number, type
 or source), stops at the next rescan, and its series go with it.
@@ -159,8 +159,9 @@ class PodVolumeFollower:
             # A rule's probes open the volume through a private copy of its mount where they can: say if not.
             self.capabilities.record(privatemount.PRIVATE_MOUNT, *privatemount.available())
         volumes = self._read(directory, self.host.kubelet_mounts())
-        drivers = {(v.pv, ""): v.driver for v in volumes if v.driver}
-        self._drivers = {**drivers, **{(v.pv, v.pod_uid): v.driver for v in volumes if v.driver}}
+        # By PersistentVolume, as the kubelet recorded it: a volume without one (inline, ephemeral) names none.
+        drivers = {(v.pv, ""): v.driver for v in volumes if v.driver and v.pv}
+        self._drivers = {**drivers, **{(v.pv, v.pod_uid): v.driver for v in volumes if v.driver and v.pv}}
         found = {}
         for volume in volumes:
             rule = config.kubernetes.rule_for(volume.driver, volume.pv, volume.path)
@@ -178,8 +179,7 @@ class PodVolumeFollower:
         def make() -> ResolvedTarget:
             # Nothing is held open by what this returns (hold=False): one returning after its caller gave up
             # (Hung) is dropped as it is.
-            (resolved,) = targets_mod.resolve(config, self.host, [target])
-            resolved.name, resolved.pod_volume = volume.path, volume
+            resolved = targets_mod.resolve_pod_volume(self.host, target, volume)  # through the copy alone
             targets_mod.prepare(self.host, [resolved])
             return resolved
 
@@ -200,7 +200,7 @@ class PodVolumeFollower:
         if self._refused.get((volume.path, target)) != why:
             log.error(
                 "pod volume %s of pod %s matches %s, but cannot be probed: %s",
-                volume.pv,
+                volume.pv or volume.name,
                 volume.pod_uid,
                 target.key,
                 why,
@@ -279,7 +279,7 @@ class PodVolumeFollower:
             probes = ", ".join(f"{p.op} every {p.interval:g}s" for p in config.probes) or "mount check only"
             log.info(
                 "pod volume %s of pod %s (%s, %s): %s",
-                volume.pv,
+                volume.pv or volume.name,
                 volume.pod_uid,
                 volume.driver or volume.plugin,
                 volume.mount.fstype,
