@@ -275,9 +275,9 @@ def parse_go_duration(text: str) -> float | None:
     if body == "0":
         return 0.0
     total, position = 0.0, 0
-    for match in _GO_DURATION.finditer(body):
+    while match := _GO_DURATION.match(body, position):  # anchored: see units.parse_duration
         number = match.group(1)
-        if match.start() != position or number in ("", "."):
+        if number in ("", "."):
             return None
         total += float(number) * _GO_UNITS[match.group(2)]
         position = match.end()
