@@ -240,6 +240,10 @@ HOSTILE_FILES = [
     ),
     ("aliases 40 deep", chain() + b"targets: [{name: *c39, directory: /tmp}]\n", "32 deep through aliases"),
     ("an alias inside its anchor", b"targets: [{name: &a [*a], directory: /tmp}]\n", "inside the node it names"),
+    # Not text (issue 52): YAML's reader refused a NUL in three lines; a byte order mark was skipped unseen.
+    ("a NUL", b"targets: []\n# a\x00b\n", "a control character (U+0000) at line 2, column 4"),
+    ("a byte order mark", b"\xef\xbb\xbftargets: []\n", "a byte order mark (U+FEFF) at line 1, column 1"),
+    ("an escape in a value", b'targets: [{name: "a\x1bb", directory: /tmp}]\n', "targets[0].name: a control character"),
 ]
 
 

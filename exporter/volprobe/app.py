@@ -230,8 +230,9 @@ class App:
                 raise ListenError(f"cannot listen on {text}: {err.strerror or err}") from None
         try:
             self.exporter.start()
-        except ConfigError:
+        except ConfigError as err:
             self._close_servers()
+            err.source = err.source or self.args.config  # its problems name keys of that file, if one is given
             raise
         capabilities.check_idle_io_priority(self.exporter.found)  # logged and exported now, not first at a warm-up
         if not self.exporter.probes.running() and self.exporter.config.discovery is None:
@@ -274,10 +275,14 @@ class App:
             return
         log.info("SIGHUP: reloading %s", path)
         try:
-            config = load(path)
+            config = load(path)  # raises ConfigError alone, whatever the file holds
         except ConfigError as err:
             self.exporter.note_reload(False)
             _log_rejected(path, err)
+            return
+        except Exception as err:  # should load() ever let another through: refused, as any bad file is
+            self.exporter.note_reload(False)
+            _log_rejected(path, ConfigError([f"{path}: cannot be loaded: {err!r}"[:300]]))
             return
         try:
             self.exporter.reload(config)  # records its own outcome
@@ -304,7 +309,7 @@ class App:
 def _log_rejected(path: str, err: ConfigError) -> None:
     """A refused configuration: each problem a line of its own, its key (when it names one) a field."""
     for problem in err.problems:
-        where = fields(path=path, key=problem_key(problem))
+        where = fields(path=path, key=problem_key(problem.removeprefix(f"{path}: ")))  # a YAML-level one names both
         log.error("configuration %s rejected, keeping the running one: %s", path, problem, extra=where)
 
 

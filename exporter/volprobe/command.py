@@ -13,9 +13,11 @@ EXIT_CONFIG = 2
 
 
 def report(err: ConfigError) -> int:
-    """Print each problem of a rejected configuration and return the exit code that says so."""
+    """Print each problem of a rejected configuration, a line each naming its file, and return the exit code
+    that says so."""
     for problem in err.problems:
-        print(f"volprobe: {problem}", file=sys.stderr)
+        named = f"{err.source}: {problem}" if err.source and not problem.startswith(f"{err.source}: ") else problem
+        print(f"volprobe: {named}", file=sys.stderr)
     return EXIT_CONFIG
 
 

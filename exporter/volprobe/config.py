@@ -30,11 +30,13 @@ BUILTIN = "<built-in default>"
 
 
 class ConfigError(Exception):
-    """One or more problems, each `key.path: message`."""
+    """One or more problems, each `key.path: message`; `source`: the file they are of, where the problems do not
+    name it themselves (command.report names it)."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+        self.source = source
 
 
 def _op(value: Any) -> str:
@@ -533,8 +535,19 @@ def _discovery(check: Walker, raw: Any, defaults: Defaults) -> DiscoveryConfig:
 
 
 def parse(document: Any, source: str = "<config>") -> Config:
-    """Validate a loaded YAML document; raise ConfigError with every problem found."""
+    """Validate a loaded YAML document; raise ConfigError with every problem found, and nothing else: an
+    exception of a check that did not foresee a value is a problem too, of the key looked at when it escaped."""
     check = Walker()
+    try:
+        return _parse(check, document, source)
+    except ConfigError:
+        raise
+    except Exception as err:  # the boundary: whatever the document holds, the answer is a ConfigError
+        check.fail(check.at or source, schema.failure(err))
+        raise ConfigError(check.problems) from None
+
+
+def _parse(check: Walker, document: Any, source: str) -> Config:
     if document is None:
         document = {}
     values, top = check.read(Config, document, "", named="" if isinstance(document, Mapping) else source)
@@ -595,11 +608,14 @@ def load(path: str | Path) -> Config:
     try:
         document = yaml.load(text, Loader=yamlfile.Loader)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err)
-        raise ConfigError([f"{path}: not valid YAML{where}: {problem}"]) from None
-    return parse(document, source=str(path))
+        raise ConfigError([f"{path}: {yamlfile.describe(err)}"]) from None
+    except Exception as err:  # yamlfile.Loader leaves none; should one come, it is a refusal all the same
+        raise ConfigError([f"{path}: {schema.failure(err)}"]) from None
+    try:
+        return parse(document, source=str(path))
+    except ConfigError as err:
+        err.source = str(path)
+        raise
 
 
 def from_paths(paths: list[str], is_directory: Callable[[str], bool]) -> Config:

@@ -31,6 +31,11 @@ _SIZE_UNITS = {
     "tib": 1024**4,
     "tb": 1000**4,
 }
+# Beyond these a value is a typo, and breaks what it reaches: a wait of more than threading.TIMEOUT_MAX raises
+# OverflowError (schema.POSITIVE_DURATION bounds volprobe's durations by LONGEST), a size beyond an off_t cannot
+# be an offset or a length.
+LONGEST = 366 * 86400.0
+LARGEST = 2**63 - 1
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h|d)")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -41,13 +46,15 @@ def parse_duration(value: object) -> float:
         raise ValueError(f"{value!r} is not a duration; write it with a unit, e.g. 500ms, 1s, 5m")
     text = value.strip()
     pos, total = 0, 0.0
-    for match in _DURATION_PART.finditer(text):
-        if match.start() != pos:
-            break
+    # Each part matched where the last ended: finditer() would search on from every digit of a unitless number
+    # (5,000 digits: a tenth of a second; a MiB of them: hours).
+    while match := _DURATION_PART.match(text, pos):
         total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
         pos = match.end()
     if pos != len(text) or not text:
-        raise ValueError(f"{value!r} is not a duration; write it with a unit, e.g. 500ms, 1s, 5m")
+        raise ValueError(f"{_short(value)} is not a duration; write it with a unit, e.g. 500ms, 1s, 5m")
+    if not math.isfinite(total):  # a number of 400 digits
+        raise ValueError(f"{_short(value)} is not a duration: too long to count")
     return total
 
 
@@ -58,6 +65,8 @@ def parse_size(value: object) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ValueError(f"{value} is negative")
+        if value > LARGEST:
+            raise ValueError(f"{value} bytes is more than 8EiB")
         return value
     if not isinstance(value, str):
         raise ValueError(f"{value!r} is not a size; write e.g. 4KiB, 64MiB")
@@ -68,9 +77,16 @@ def parse_size(value: object) -> int:
     if not match or match.group(2).lower() not in _SIZE_UNITS:
         raise ValueError(f"{value!r} is not a size; write e.g. 4KiB, 64MiB")
     number = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if not number <= LARGEST:  # inf too (a number of 400 digits)
+        raise ValueError(f"{_short(value)} is more than 8EiB")
     if number != math.floor(number):
         raise ValueError(f"{value!r} is not a whole number of bytes")
     return int(number)
+
+
+def _short(value: str) -> str:
+    """A value as an error message shows it: its first characters, if it is long."""
+    return repr(value) if len(value) <= 40 else repr(value[:37] + "...")
 
 
 def format_size(n: float) -> str:

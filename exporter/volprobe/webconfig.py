@@ -20,6 +20,7 @@ import functools
 import hashlib
 import ipaddress
 import logging
+import math
 import os
 import platform
 import re
@@ -87,6 +88,7 @@ _PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFIC
 _BCRYPT = re.compile(r"^\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}$")
 _GO_DURATION = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_LONGEST = (2**63 - 1) * 1e-9  # seconds: a time.Duration is an int64 of nanoseconds
 _UNKNOWN_USER_HASH = b"$2b$10$" + b"." * 53  # a valid bcrypt hash of cost 10 that no password matches
 # Credentials remembered after a bcrypt: good ones (a few scrapers' and people's) and bad ones, apart.
 GOOD_CREDENTIALS = 64
@@ -143,6 +145,7 @@ class _Decoder(schema.Walker):
         self.read_files: list[tuple[Any, ...]] = []  # file_stamp of each file read, taken on its descriptor
 
     def mapping(self, value: Any, key: str, allowed: Collection[str] | None) -> dict[str, Any]:
+        self.at = key
         if value is None or _null(value):
             return {}
         if not isinstance(value, yaml.MappingNode):
@@ -188,7 +191,7 @@ def _go_int(node: Any) -> int:
         return int(yaml.SafeLoader.construct_yaml_int(_CONSTRUCTOR, node))
     if isinstance(node, yaml.ScalarNode) and node.tag == _FLOAT:
         number = yaml.SafeLoader.construct_yaml_float(_CONSTRUCTOR, node)
-        if number == int(number):
+        if math.isfinite(number) and number == int(number):
             return int(number)
     raise ValueError(f"must be a whole number, not {_shown(node)}")
 
@@ -275,14 +278,14 @@ def parse_go_duration(text: str) -> float | None:
     if body == "0":
         return 0.0
     total, position = 0.0, 0
-    for match in _GO_DURATION.finditer(body):
+    while match := _GO_DURATION.match(body, position):  # anchored: see units.parse_duration
         number = match.group(1)
-        if match.start() != position or number in ("", "."):
+        if number in ("", "."):
             return None
         total += float(number) * _GO_UNITS[match.group(2)]
         position = match.end()
-    if not body or position != len(body):
-        return None
+    if not body or position != len(body) or total > _GO_LONGEST:
+        return None  # Go's "invalid duration", or its overflow of an int64 of nanoseconds
     return sign * total
 
 
@@ -354,12 +357,15 @@ def _pem(d: _Decoder, path: str, inline: str, key: str) -> bytes | None:
     if not path:
         return inline.encode()
     try:
-        with open(path, "rb") as f:
-            d.read_files.append(file_stamp(path, os.fstat(f.fileno())))
-            return f.read()
+        data, info = yamlfile.read_bytes(path, "a certificate or key")  # not a FIFO, not /dev/zero
     except OSError as err:
         d.fail(f"{TLS_KEY}.{key}", f"cannot read {path}: {err.strerror}")
         return None
+    except ValueError as err:  # not a regular file, too large, a NUL in the name
+        d.fail(f"{TLS_KEY}.{key}", f"cannot read {path}: {err}")
+        return None
+    d.read_files.append(file_stamp(path, info))
+    return data
 
 
 def file_stamp(path: str, st: os.stat_result | None = None) -> tuple[Any, ...]:
@@ -536,12 +542,24 @@ def _read_users(d: _Decoder, node: yaml.Node | None) -> dict[str, bytes]:
 
 
 def parse(text: str, base: str = ".") -> WebConfig:
-    """The web config in `text`; relative file names are taken from `base`. ConfigError lists every problem."""
+    """The web config in `text`; relative file names are taken from `base`. ConfigError lists every problem, and
+    nothing else is raised: an exception of a check that did not foresee a value is a problem of the key looked at
+    when it escaped."""
     d = _Decoder()
+    try:
+        return _parse(d, text, base)
+    except ConfigError:
+        raise
+    except Exception as err:  # the boundary: whatever the file holds, the answer is a ConfigError
+        d.fail(d.at or "web config", schema.failure(err))
+        raise ConfigError(d.problems) from None
+
+
+def _parse(d: _Decoder, text: str, base: str) -> WebConfig:
     try:
         document = yaml.compose(text, Loader=yamlfile.Loader)
     except yaml.YAMLError as err:
-        raise ConfigError([f"web config: not valid YAML: {err}"]) from None
+        raise ConfigError([f"web config: {yamlfile.describe(err)}"]) from None
     web = d.build(WebDocument, document, "", named="web config")
     settings = web.tls_server_config
     _read_tls(d, settings, base)
@@ -675,7 +693,8 @@ class WebConfigWatcher:
                         log.info("reloaded web config %s and the files it names", self.path)
                     except ConfigError as err:
                         self.last_reload_successful = False
-                        log.error("web config %s not reloaded, keeping the previous one: %s", self.path, err)
+                        for problem in err.problems:  # a line each, as a refused volprobe.yml's
+                            log.error("web config %s not reloaded, keeping the previous one: %s", self.path, problem)
         return self._config
 
     def verdict(self, config: WebConfig, header: str | None) -> bool | Credential:

@@ -153,6 +153,24 @@ def flag(kind: Kind[T], text: Any, name: str) -> T:
 # -- the walker ---------------------------------------------------------------------------------------------
 
 
+MAX_MESSAGE = 1000  # characters of a problem's message (its key aside)
+
+
+def failure(err: BaseException) -> str:
+    """An exception no check foresaw (OverflowError, RecursionError, a bug), as a problem's message in one line."""
+    reason = " ".join(str(err).split())[:200] or "no reason given"
+    return f"cannot be read: {reason} ({type(err).__name__})"
+
+
+def unexpected(value: Any, err: BaseException) -> str:
+    """What a value that made its check fail unexpectedly is told: still this value's problem, named, never a
+    traceback."""
+    shown = repr(value) if isinstance(value, str | int | float | bool | None) else type(value).__name__
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return f"{shown} {failure(err)}"
+
+
 class Walker:
     """Collects problems while walking a document parsed by yaml.safe_load. `null_unsets`: a key set to null
     keeps its default (volprobe.yml); otherwise null is a value, which its kind judges (the mixin)."""
@@ -160,12 +178,16 @@ class Walker:
     def __init__(self, null_unsets: bool = True) -> None:
         self.problems: list[str] = []
         self.null_unsets = null_unsets
+        self.at = ""  # the key looked at last: what an exception that escapes a check is said of
 
     def fail(self, key: str, message: str) -> None:
+        if len(message) > MAX_MESSAGE:  # a value of a MiB, shown in its message, would be a line of a MiB
+            message = message[: MAX_MESSAGE - 3] + "..."
         self.problems.append(f"{key}: {message}" if key else message)
 
     def mapping(self, value: Any, key: str, allowed: Collection[str] | None) -> dict[str, Any]:
         """The mapping at `key` (null is empty); each key not in `allowed` (if given) is a problem."""
+        self.at = key
         if value is None:
             return {}
         if not isinstance(value, Mapping):
@@ -177,14 +199,18 @@ class Walker:
         return dict(value)
 
     def value(self, kind: Kind[T], value: Any, key: str) -> tuple[bool, T | None]:
-        """(True, the parsed value), or (False, None) with the problem reported at `key`."""
+        """(True, the parsed value), or (False, None) with the problem reported at `key`: whatever the check
+        raises (an OverflowError, a RecursionError: a value it did not foresee) is a problem of that key."""
+        self.at = key
         try:
             return True, kind.parse(value)
         except Invalid as err:
             for where, message in err.problems:
                 self.fail(key_path(key, where), message)
         except (ValueError, TypeError) as err:
-            self.fail(key, str(err))
+            self.fail(key, str(err).replace("\n", " "))
+        except Exception as err:  # the boundary: any failure of a value's check refuses the value
+            self.fail(key, unexpected(value, err))
         return False, None
 
     def settings(self, cls: type[Any], data: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -241,11 +267,15 @@ class Walker:
 # -- kinds ---------------------------------------------------------------------------------------------------
 
 
-def _positive(parse: Callable[[Any], float], what: str) -> Callable[[Any], float]:
+def _positive(
+    parse: Callable[[Any], float], what: str, most: float = math.inf, most_text: str = ""
+) -> Callable[[Any], float]:
     def check(value: Any) -> float:
         number = parse(value)
         if number <= 0:
             raise ValueError(f"{value!r} must be {what} than zero")
+        if number > most:
+            raise ValueError(f"{value!r} is more than {most_text}")
         return number
 
     return check
@@ -287,6 +317,8 @@ def _positive_number(value: Any) -> float:
 def _absolute_path(value: Any) -> str:
     if not isinstance(value, str) or not value.startswith("/"):
         raise ValueError(f"{value!r} is not an absolute path")
+    if "\0" in value:  # no file is named so: the kernel ends a path at it
+        raise ValueError(f"{value!r} holds a NUL, which no path can")
     return value
 
 
@@ -341,7 +373,7 @@ def name_kind(pattern: re.Pattern[str], rule: str) -> Kind[str]:
 
 POSITIVE_DURATION: Kind[float] = Kind(
     "duration > 0",
-    _positive(units.parse_duration, "longer"),
+    _positive(units.parse_duration, "longer", units.LONGEST, "a year (366d): out of range"),
     ("500ms", "1s", "1h30m"),
     ("0s", 5, "5", "soon", True),
     units.format_duration,

@@ -38,7 +38,11 @@ def run_check_config(argv: Sequence[str]) -> int:
     host = host_from(args)
     try:
         config = load(args.file)
-        resolved = targets.resolve(config, host)
+        try:
+            resolved = targets.resolve(config, host)
+        except ConfigError as err:
+            err.source = args.file  # its problems name keys of that file
+            raise
         web = webconfig.load(args.web_config) if args.web_config else None
     except ConfigError as err:
         return report(err)
