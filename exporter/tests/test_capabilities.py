@@ -4,6 +4,7 @@ and logged once when missing, and volprobe falls back rather than stopping."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -67,11 +68,18 @@ def test_a_missing_capability_is_logged_once_until_it_was_had_again(caplog):
 
 # -- what volprobe keeps of a privileged container's capabilities (volprobe.privileges) ------------------------
 
-SYS_ADMIN = 1 << 21
+SYS_ADMIN, DAC_OVERRIDE = 1 << 21, 1 << 1
+# Each mode: what its configuration adds to a loop device's read probes, its flags, and what volprobe keeps.
 MODES = {
     "default": ("", (), 0),
     "pod volume rules": ("kubernetes: {{kubelet_directory: {kubelet}, rules: [{{path: '/none/*'}}]}}\n", (), SYS_ADMIN),
     "nvme statistics": ("", ("--nvme.provider-statistics",), SYS_ADMIN),
+    # In a directory another user owns (postgres's 0700 /var/lib/postgresql): root writes there only with it.
+    "directory target": (
+        "  - {{name: d, directory: {data}, probe_file_size: 1MiB, probes: [{{op: write, interval: 100ms}}]}}\n",
+        (),
+        DAC_OVERRIDE,
+    ),
 }
 
 
@@ -94,7 +102,7 @@ def privileges_of(pid: int) -> dict[str, dict[str, int]]:
 
 @pytest.mark.root
 @pytest.mark.parametrize("mode", MODES)
-def test_volprobe_keeps_only_the_capabilities_its_configuration_uses(start_exporter, tmp_path, mode):
+def test_volprobe_keeps_only_the_capabilities_its_configuration_uses(start_exporter, tmp_path, make_loop, mode):
     # Started as root, with every capability (as a privileged container's process is): every thread of the
     # process, the probes', the C engine's, the HTTP servers' and the followers' included, has exactly the mode's
     # set left in every set, the bounding set included, nothing inheritable or ambient, and no_new_privs.
@@ -102,19 +110,23 @@ def test_volprobe_keeps_only_the_capabilities_its_configuration_uses(start_expor
     kubelet = tmp_path / "kubelet"
     kubelet.mkdir()
     data = tmp_path / "data"
-    data.mkdir()
+    data.mkdir(mode=0o700)
+    os.chown(data, 12345, 12345)
     text = (
-        f"targets: [{{name: d, directory: {data}, probe_file_size: 1MiB, "
-        "probes: [{op: write, interval: 100ms}, {op: read, interval: 100ms}]}]\n"
+        f"targets:\n  - {{name: vol, device: {make_loop(16 * 1024 * 1024)}, probes: [{{op: read, interval: 100ms}}]}}\n"
     )
-    config = write_config(tmp_path, text + section.format(kubelet=kubelet))
-    exporter = start_exporter("--config", config, *flags)
-    exporter.wait_for(lambda s: probes_done(s, "d", "write") > 0 and probes_done(s, "d") > 0, what="probes")
+    if section.startswith("  -"):
+        text += section.format(data=data)
+    else:
+        text += section.format(kubelet=kubelet)
+    exporter = start_exporter("--config", write_config(tmp_path, text), *flags)
+    writes = "directory" in mode
+    exporter.wait_for(lambda s: probes_done(s, "vol") > 0 and (not writes or probes_done(s, "d", "write") > 0))
     threads = privileges_of(exporter.process.pid)
     assert len(threads) >= 5 and any("vp http" in name for name in threads), threads
     expected_sets = {"CapInh": 0, "CapPrm": expected, "CapEff": expected, "CapBnd": expected, "CapAmb": 0}
     assert {name: found for name, found in threads.items() if found != {**expected_sets, "NoNewPrivs": 1}} == {}
-    kept = "CAP_SYS_ADMIN" if expected else "none"
+    kept = {0: "none", SYS_ADMIN: "CAP_SYS_ADMIN", DAC_OVERRIDE: "CAP_DAC_OVERRIDE"}[expected]
     assert exporter.value("volprobe_capabilities_kept_info", capabilities=kept) == 1
     assert f"keeping capabilities: {kept}" in exporter.log()
     if "rules" in mode:  # what it kept is what the rules use: private copies of the pod volumes' mounts

@@ -44,6 +44,7 @@ from .webconfig import WebConfigWatcher
 
 log = logging.getLogger("volprobe")
 DEFAULT_LISTEN = ":10130"
+LEFTOVER_WAIT_S = 2.0  # keep_privileges(): how long the mount checks of --target paths may take to end
 
 
 def parser() -> argparse.ArgumentParser:
@@ -265,16 +266,32 @@ class App:
 
     def needed(self, config: Config) -> int:
         """The capabilities (a mask) `config` uses (privileges.needed)."""
-        return privileges.needed(bool(config.kubernetes.rules), self.args.provider_statistics)
+        directories = any(target.directory for target in config.targets)
+        return privileges.needed(bool(config.kubernetes.rules), self.args.provider_statistics, directories)
 
     def keep_privileges(self) -> None:
         """Drop every capability the configuration does not use, from every set, and set no_new_privs (volprobe.
         privileges): once the listeners are bound, before any thread starts. The process's, so main() only."""
         wanted = self.needed(self.exporter.config)
-        had = privileges.permitted()
-        kept = self.kept = privileges.keep_only(wanted)
+        # The only threads before this one: the mount checks of `--target` paths (mountcheck.is_directory), each a
+        # stat in a thread of its own that ends once it returns. One still in the kernel (a hung mount) cannot be
+        # narrowed from here: it keeps what it had until its stat returns, and then ends, which the log says.
+        deadline = time.monotonic() + LEFTOVER_WAIT_S
+        others = [thread for thread in threading.enumerate() if thread is not threading.current_thread()]
+        for thread in others:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        hung = [thread.name for thread in others if thread.is_alive()]
+        if hung:
+            log.warning(
+                "%s, hung in the kernel, keep the capabilities the process started with until they return (and "
+                "end); every other thread has only what it keeps",
+                ", ".join(hung),
+            )
+        while privileges.threads() > 1 + len(hung) and time.monotonic() < deadline:
+            time.sleep(0.001)  # a joined thread's OS thread is gone a moment after join() returns
+        kept = self.kept = privileges.keep_only(wanted, len(hung))
         self.exporter.found.kept = kept
-        dropped = len(privileges.names(had & ~kept.capabilities))
+        dropped = len(privileges.names(kept.held & ~kept.capabilities))
         log.info(
             "keeping capabilities: %s (dropped %d others from every set%s; no_new_privs %d)",
             kept.text,
@@ -285,7 +302,8 @@ class App:
         if kept.missing:
             log.warning(
                 "the configuration uses %s, which the process was not given (kubernetes.rules: private mount "
-                "copies; --nvme.provider-statistics: the NVMe admin command); it falls back without",
+                "copies; --nvme.provider-statistics: the NVMe admin command; directory targets: other users' "
+                "directories); it falls back without",
                 ", ".join(privileges.names(kept.missing)),
             )
 
@@ -345,14 +363,20 @@ class App:
         exported (its feature's volprobe_capability_available 0), never silently. Restarting gives it back."""
         if self.kept is None:
             return
-        lacking = self.needed(config) & ~self.kept.capabilities & ~self.kept.missing
-        if lacking and config.kubernetes.rules:
+        lacking = self.needed(config) & self.kept.held & ~self.kept.capabilities  # held at start, then dropped
+        admin = privileges.mask([privileges.CAP_SYS_ADMIN])
+        if lacking & admin and config.kubernetes.rules:
             why = (
-                f"kubernetes.rules need {', '.join(privileges.names(lacking))} (private mount copies), dropped at "
-                "start when no rule was configured; restart volprobe to have it. Pod volumes are opened at their path"
+                "kubernetes.rules need CAP_SYS_ADMIN (private mount copies), dropped at start when no rule was "
+                "configured; restart volprobe to have it. Pod volumes are opened at their path"
             )
             log.warning("SIGHUP: %s", why)
             self.exporter.found.record(privatemount.PRIVATE_MOUNT, False, why)
+        if lacking & privileges.mask([privileges.CAP_DAC_OVERRIDE]):
+            log.warning(
+                "SIGHUP: directory targets use CAP_DAC_OVERRIDE (another user's directories), dropped at start when "
+                "none was configured; a directory root may not write in is refused until volprobe restarts"
+            )
 
     def stop(self) -> list[str]:
         """Stop the probes, then the servers; return the probes still stuck in the kernel."""

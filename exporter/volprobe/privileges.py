@@ -19,14 +19,23 @@ What each configuration uses (every other capability is dropped):
 - `kubernetes.rules`: CAP_SYS_ADMIN, for open_tree(2)'s private copies of the pod volumes' mounts
   (volprobe.privatemount). Writing in a volume needs no capability: volprobe is root there, and writes where root
   may as an owner (a volume's root directory is root's unless its owner changed it; one it may not write in is
-  refused and logged, as before). CAP_DAC_OVERRIDE is not kept: it would let volprobe write in any directory.
+  refused and logged, as the chart has always said). CAP_DAC_OVERRIDE is not kept for them.
 - `--nvme.provider-statistics`: CAP_SYS_ADMIN, for the NVMe admin command Get Log Page (volprobe.nvme).
+- a directory target (`targets[].directory`, `--target DIR`): CAP_DAC_OVERRIDE, so that volprobe run as root
+  makes and probes its probe file in a directory another user owns (postgres's /var/lib/postgresql, 0700), as it
+  did before; without it such a target is refused ("not writable by this user").
 - Nothing else volprobe does needs one: reading block devices as root or in group disk is their mode's (root:disk
   0660), O_DIRECT and BLKGETSIZE64 need none, the idle I/O class of ioprio_set needs none (only the real-time
   class does), the udev monitor's netlink socket receives as any user, raising the open files limit to its hard
   limit needs none, and the listeners are bound before the drop (a port below 1024 keeps working).
 
-With neither, it keeps none. A reload (SIGHUP) that adds a rule later cannot have CAP_SYS_ADMIN back: it is said
+With none of these, it keeps none.
+
+Test hook: $VOLPROBE_TEST_KEEP_CAPABILITIES (names, comma-separated: CAP_DAC_READ_SEARCH) is kept too, where the
+process holds it: the tests run volprobe as nobody with CAP_DAC_READ_SEARCH alone, to reach an interpreter
+under /root, whose modules it imports as it goes.
+
+A reload (SIGHUP) that adds a rule later cannot have CAP_SYS_ADMIN back: it is said
 in the log, and volprobe_capability_available{capability="private_mount"} is 0 (the volumes are opened at
 their paths); restarting volprobe gives it back.
 """
@@ -38,6 +47,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+CAP_DAC_OVERRIDE = 1
 CAP_SETPCAP = 8
 CAP_SYS_ADMIN = 21
 NAMES = {
@@ -167,21 +177,25 @@ class Kept:
     bounded: bool
     missing: int
     no_new_privs: bool = True
+    held: int = 0  # the permitted set before: what was dropped is held & ~capabilities
 
     @property
     def text(self) -> str:
         return ",".join(names(self.capabilities)) or "none"
 
 
-def needed(rules: bool, provider_statistics: bool) -> int:
+TEST_KEEP_ENV = "VOLPROBE_TEST_KEEP_CAPABILITIES"
+
+
+def needed(rules: bool, provider_statistics: bool, directories: bool = False) -> int:
     """The capabilities (a mask) a configuration uses: CAP_SYS_ADMIN with `kubernetes.rules` (private mount copies)
-    or with the provider's NVMe statistics (the admin command); none otherwise."""
-    return mask([CAP_SYS_ADMIN]) if rules or provider_statistics else 0
-
-
-def permitted() -> int:
-    """The calling thread's permitted set (a mask)."""
-    return _sets()[1]
+    or with the provider's NVMe statistics (the admin command), CAP_DAC_OVERRIDE with directory targets (another
+    user's directories); none otherwise. (And the test hook's.)"""
+    by_name = {name: cap for cap, name in NAMES.items()}
+    hook = [by_name[name.strip()] for name in os.environ.get(TEST_KEEP_ENV, "").split(",") if name.strip() in by_name]
+    wanted = [CAP_SYS_ADMIN] if rules or provider_statistics else []
+    wanted += [CAP_DAC_OVERRIDE] if directories else []
+    return mask(wanted) | mask(hook)
 
 
 def threads() -> int:
@@ -189,11 +203,12 @@ def threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def keep_only(wanted: int) -> Kept:
+def keep_only(wanted: int, others: int = 0) -> Kept:
     """Keep only `wanted` (a mask) of what the process holds, in every set, and set no_new_privs. Runs while the
-    process has a single thread (RuntimeError otherwise: a thread started before would keep what it had)."""
+    process has a single thread, or `others` more that the caller knows of (RuntimeError otherwise: a thread
+    started before would keep what it had)."""
     count = threads()
-    if count != 1:
+    if count != 1 + others:
         raise RuntimeError(f"capabilities must be dropped before any thread starts; the process has {count}")
     effective, permitted, _inheritable = _sets()
     keep = wanted & permitted
@@ -214,7 +229,7 @@ def keep_only(wanted: int) -> Kept:
             bounded = False  # cannot be narrowed; with no_new_privs nothing outside `keep` can be had anyway
     _set(keep, keep, 0)
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-    return Kept(keep, bounded, wanted & ~permitted, _prctl(_PR_GET_NO_NEW_PRIVS) == 1)
+    return Kept(keep, bounded, wanted & ~permitted, _prctl(_PR_GET_NO_NEW_PRIVS) == 1, permitted)
 
 
 def _bounded(cap: int) -> bool:
