@@ -299,12 +299,14 @@ class App:
             ", the bounding set included" if kept.bounded else "; the bounding set unchanged, without CAP_SETPCAP",
             int(kept.no_new_privs),
         )
-        if kept.missing:
+        # CAP_DAC_OVERRIDE is for other users' directories only: an unprivileged user (the unit's, the pod's)
+        # writes where its permissions let it, and is told so by the target it cannot prepare.
+        missing = kept.missing & ~privileges.mask([privileges.CAP_DAC_OVERRIDE])
+        if missing:
             log.warning(
                 "the configuration uses %s, which the process was not given (kubernetes.rules: private mount "
-                "copies; --nvme.provider-statistics: the NVMe admin command; directory targets: other users' "
-                "directories); it falls back without",
-                ", ".join(privileges.names(kept.missing)),
+                "copies; --nvme.provider-statistics: the NVMe admin command); it falls back without",
+                ", ".join(privileges.names(missing)),
             )
 
     def serve(self) -> None:
