@@ -354,6 +354,10 @@ def test_aws_nvme_stats_is_the_kustomize_components_patch(helm):
             "/var/lib/volprobe",
         ]
     )
+    # volprobe keeps CAP_SYS_ADMIN only when told it reads the statistics: both pass the flag.
+    arg = ops.pop("/spec/template/spec/containers/0/args/-")
+    assert arg == "--nvme.provider-statistics" and container(objects)["args"].count(arg) == 1
+    assert arg not in container(template(helm))["args"]
     assert len(ops) == len(patched)
     assert context["readOnlyRootFilesystem"] is True
     assert "runAsUser" not in container(template(helm))["securityContext"]
@@ -368,9 +372,39 @@ def test_a_pod_volume_rule_runs_the_container_as_the_aws_nvme_stats_one(helm, tm
             {"config": {"kubernetes": {"rules": [{"driver": "efs.csi.aws.com", "probes": [{"op": "write"}]}]}}}
         )
     )
-    context = container(template(helm, values))["securityContext"]
+    main = container(template(helm, values))
+    context = main["securityContext"]
     assert context == container(template(helm, sets=("awsNvmeStats=true",)))["securityContext"]
     assert (context["runAsUser"], context["capabilities"]["add"]) == (0, ["SYS_ADMIN"])
+    assert "--nvme.provider-statistics" not in main["args"]  # rules keep CAP_SYS_ADMIN by themselves
+
+
+@pytest.mark.parametrize(
+    ("config", "privileged"),
+    [
+        ({}, True),  # the default: discovery reads every whole disk of the node
+        ({"kubernetes": {"rules": [{"driver": "efs.csi.aws.com"}]}}, True),  # and discovery still
+        ({"discovery": None, "kubernetes": {"rules": [{"driver": "efs.csi.aws.com"}]}}, False),
+        ({"discovery": None, "targets": [{"directory": "/data"}]}, True),  # its reads go to its disk
+        ({"discovery": None}, False),  # pod volumes' mount checks alone
+    ],
+)
+def test_the_container_is_privileged_only_where_the_configuration_opens_host_block_devices(
+    helm, tmp_path, config, privileged
+):
+    """privileged is what lets a container open the host's block devices (and what makes the runtime ignore the
+    capability list, seccomp and no_new_privs); a configuration that opens none (pod volumes alone: files, not
+    devices) is not privileged, so its capability list (SYS_ADMIN with rules), seccomp and no_new_privs apply."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"config": config}))
+    context = container(template(helm, values))["securityContext"]
+    assert (context["privileged"], context["allowPrivilegeEscalation"]) == (privileged, privileged)
+    assert context["capabilities"]["drop"] == ["ALL"] and context["readOnlyRootFilesystem"] is True
+    if config.get("kubernetes"):
+        assert (context["runAsUser"], context["capabilities"]["add"]) == (0, ["SYS_ADMIN"])
+    # awsNvmeStats opens the NVMe devices whatever the configuration
+    values.write_text(yaml.safe_dump({"config": config, "awsNvmeStats": True}))
+    assert container(template(helm, values))["securityContext"]["privileged"] is True
 
 
 def probe_actions(main: dict) -> dict[str, tuple[str, dict]]:

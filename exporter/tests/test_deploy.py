@@ -246,7 +246,14 @@ def _restart_as_the_kubelet_would(tmp_path, node_dir, device, init, mount, start
     config.write_text(f"state_directory: {node_dir}\ntargets: [{{name: vol, device: {device}}}]\n")
 
     def serve():
-        return start_exporter("--config", str(config), prefix=NOBODY_IN_DISK)
+        # volprobe would drop CAP_DAC_READ_SEARCH at start, and then fail to import the rest of its interpreter's
+        # modules under /root as it goes: the test hook keeps it (volprobe.privileges).
+        return start_exporter(
+            "--config",
+            str(config),
+            prefix=NOBODY_IN_DISK,
+            env={"VOLPROBE_TEST_KEEP_CAPABILITIES": "CAP_DAC_READ_SEARCH"},
+        )
 
     # Without the init step the directory is root's: nothing can be remembered (what the issue found).
     before = serve()

@@ -31,6 +31,8 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -165,11 +167,20 @@ def helm() -> str:
     return find_helm()
 
 
-@pytest.mark.root
-@pytest.mark.slow
-@needs_podman
-def test_the_image_builds_and_serves_a_devices_probes_as_the_charts_daemonset_runs_it(helm, tmp_path, make_loop):
-    conf = containers_conf(tmp_path)
+@dataclass(frozen=True)
+class Built:
+    conf: Path  # CONTAINERS_CONF of every podman call
+    image: str
+    name: str  # the prefix of its pods' containers
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Iterator[Built]:
+    """deploy/Dockerfile built with podman on the local base, for this module's pods; removed at its end (the
+    unchanging build steps kept for the next run)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (podman's storage)")
+    conf = containers_conf(tmp_path_factory.mktemp("podman"))
     started = time.monotonic()
     CACHE.mkdir(parents=True, exist_ok=True)
     with locked(CACHE / "lock"):  # one base made at a time, by the first run (or worker) that needs it
@@ -196,23 +207,31 @@ def test_the_image_builds_and_serves_a_devices_probes_as_the_charts_daemonset_ru
         )
         steps = re.findall(r"^--> ([0-9a-f]{11,64})$", build.stdout, re.MULTILINE)
         assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
-        built = time.monotonic()
+        done = time.monotonic()
         size = int(podman(conf, "image", "inspect", "--format={{.Size}}", image).stdout)
         print(
             f"\nimage {image}: {size} bytes ({size / 1e6:.0f} MB); base {based - started:.1f} s, "
-            f"build {built - based:.1f} s"
+            f"build {done - based:.1f} s"
         )
-        with as_udev_would(make_loop(16 * 1024 * 1024)) as device:
-            _run_the_charts_pod(conf, tmp_path, helm, image, name, device)
-        print(f"pod {time.monotonic() - built:.1f} s")
+        yield Built(conf, image, name)
     finally:
-        # The pod's containers: the prefix and each container's name (support/kubelet.py).
+        # The pods' containers: the prefix and each container's name (support/kubelet.py).
         listed = podman(conf, "ps", "--all", f"--filter=name={name}-", "--format={{.Names}}", check=False)
         for container_name in listed.stdout.split():
             if container_name.startswith(f"{name}-"):
                 podman(conf, "rm", "--force", "--ignore", container_name, check=False)
         keep_unchanging_steps(conf, base, steps)  # before the image goes: removing it removes untagged parents
         podman(conf, "rmi", "--force", "--ignore", image, check=False)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@needs_podman
+def test_the_image_builds_and_serves_a_devices_probes_as_the_charts_daemonset_runs_it(helm, built, tmp_path, make_loop):
+    started = time.monotonic()
+    with as_udev_would(make_loop(16 * 1024 * 1024)) as device:
+        _run_the_charts_pod(built.conf, tmp_path, helm, built.image, built.name, device)
+    print(f"pod {time.monotonic() - started:.1f} s")
 
 
 def _run_the_charts_pod(conf: Path, tmp_path: Path, helm: str, image: str, name: str, device: str) -> None:
@@ -290,6 +309,123 @@ def _run_the_charts_pod(conf: Path, tmp_path: Path, helm: str, image: str, name:
     assert exit_code == "0", logs()
     saved = list(state.glob("volume-*.json"))
     assert saved and all(f.stat().st_uid == 65534 for f in saved), logs()
+
+
+SYS_ADMIN = 1 << 21
+# What each of the chart's modes runs volprobe with: its values beside a configuration (the state directory, and a
+# loop device's target where `device`), the uid, the capabilities left in every set, whether the container is
+# privileged (every capability and device given, whatever the chart asks: volprobe drops what it does not use).
+POD_MODES = {
+    "default": ({}, True, 65534, 0, True),
+    "a rule": ({"config": {"kubernetes": {"rules": [{"driver": "efs.csi.aws.com"}]}}}, True, 0, SYS_ADMIN, True),
+    "awsNvmeStats": ({"awsNvmeStats": True}, True, 0, SYS_ADMIN, True),
+    # Pod volumes alone: no host device to open, so not privileged; the runtime's list is then the one applied.
+    "a rule, pod volumes only": (
+        {"config": {"kubernetes": {"rules": [{"driver": "efs.csi.aws.com"}]}}},
+        False,
+        0,
+        SYS_ADMIN,
+        False,
+    ),
+}
+
+
+def task_privileges(pid: str) -> dict[str, dict[str, int]]:
+    """Each thread's capability sets and no_new_privs, from the host's /proc/PID/task/*/status."""
+    found = {}
+    for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+        try:
+            lines = (task / "status").read_text().splitlines()
+            name = (task / "comm").read_text().strip()
+        except FileNotFoundError:  # ended meanwhile
+            continue
+        status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+        sets = {key: int(status[key], 16) for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+        found[f"{task.name} {name}"] = {
+            **sets,
+            "NoNewPrivs": int(status["NoNewPrivs"]),
+            "Uid": int(status["Uid"].split()[1]),
+        }
+    return found
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@needs_podman
+@pytest.mark.parametrize("mode", POD_MODES)
+def test_the_charts_pod_keeps_only_the_capabilities_of_its_mode(helm, built, tmp_path, make_loop, mode):
+    """The chart's pod in each mode, run as the kubelet would (a privileged container under podman, as under
+    containerd, has every capability in every set whatever its list says): every thread of volprobe has exactly
+    its mode's capabilities left (none by default; CAP_SYS_ADMIN with a rule or awsNvmeStats), nothing inheritable
+    or ambient, and no_new_privs; as root, its bounding set is that too. (Nobody, without CAP_SETPCAP, cannot
+    narrow its bounding set; with no_new_privs and no capability, nothing in it can be had.)"""
+    extra, device_target, uid, kept, privileged = POD_MODES[mode]
+    with as_udev_would(make_loop(16 * 1024 * 1024)) as device:
+        config = {"state_directory": "/var/lib/volprobe"}
+        if device_target:
+            config["targets"] = [{"name": "vol", "device": device}]
+        repository, tag = built.image.rsplit(":", 1)
+        chart_config = yaml.safe_load((CHART / "values.yaml").read_text())["config"]
+        values = tmp_path / "values.yaml"
+        merged = {**dict.fromkeys(chart_config), **config, **extra.get("config", {})}
+        values.write_text(yaml.safe_dump({**extra, "image": {"repository": repository, "tag": tag}, "config": merged}))
+        objects = template(helm, values)
+        pod, main = daemonset_pod(objects), container(objects)
+        assert main["securityContext"]["privileged"] is privileged
+        published = {port["containerPort"]: free_port() for port in main["ports"]}
+        state, kubelet = tmp_path / "node" / "var-lib-volprobe", tmp_path / "node" / "var-lib-kubelet"
+        kubelet.mkdir(parents=True)
+        host_paths = {
+            "/var/lib/volprobe": state,
+            "/var/lib/kubelet": kubelet,
+            "/dev": Path("/dev"),
+            "/proc": Path("/proc"),
+        }
+        prefix = f"{built.name}-{uuid.uuid4().hex[:6]}"
+        run = pod_to_podman(
+            pod, objects, prefix=prefix, host_paths=host_paths, scratch=tmp_path / "pod", published=published
+        )
+        assert ("--privileged" in run.containers[0].arguments) is privileged
+        prepare(run)
+        for init in run.init_containers:
+            podman(built.conf, "run", "--rm", f"--name={init.name}", *init.arguments, timeout=120)
+        (volprobe,) = run.containers
+        podman(built.conf, "run", "--detach", f"--name={volprobe.name}", *volprobe.arguments)
+        try:
+
+            def logs() -> str:
+                result = podman(built.conf, "logs", volprobe.name, check=False)
+                return result.stdout + result.stderr
+
+            wait_for(lambda: probe(volprobe.probes["readinessProbe"]), "the readiness probe", logs)
+            url = f"http://127.0.0.1:{published[main['ports'][0]['containerPort']]}"
+            if device_target:  # the probes' threads and the C engine's are running
+                wait_for(lambda: probes_done(parse_metrics(get(f"{url}/metrics")), "vol"), "a read probe", logs)
+            samples = parse_metrics(get(f"{url}/metrics"))
+            pid = podman(built.conf, "inspect", "--format={{.State.Pid}}", volprobe.name).stdout.strip()
+            threads = task_privileges(pid)
+            print(f"\n{mode}: {len(threads)} threads; {next(iter(threads.values()))}")
+            assert len(threads) >= 5, threads
+            expected = {"CapInh": 0, "CapPrm": kept, "CapEff": kept, "CapAmb": 0, "NoNewPrivs": 1, "Uid": uid}
+            wrong = {
+                name: found for name, found in threads.items() if {**found, "CapBnd": 0} != {**expected, "CapBnd": 0}
+            }
+            assert wrong == {}, logs()
+            if uid == 0:
+                assert {found["CapBnd"] for found in threads.values()} == {kept}, threads
+            text = "CAP_SYS_ADMIN" if kept else "none"
+            assert samples["volprobe_capabilities_kept_info"] == [({"capabilities": text}, 1.0)], logs()
+            if "rule" in mode:
+                private = [
+                    v
+                    for labels, v in samples["volprobe_capability_available"]
+                    if labels["capability"] == "private_mount"
+                ]
+                print(f"{mode}: private_mount {private}")
+            podman(built.conf, "stop", volprobe.name, timeout=run.stop_timeout + 30)
+            assert podman(built.conf, "inspect", "--format={{.State.ExitCode}}", volprobe.name).stdout.strip() == "0"
+        finally:
+            podman(built.conf, "rm", "--force", "--ignore", volprobe.name, check=False)
 
 
 # -- the translation, without podman ------------------------------------------------------------------------

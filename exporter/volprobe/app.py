@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
 
-from . import __version__, capabilities, mountcheck, units, version
+from . import __version__, capabilities, mountcheck, privatemount, privileges, units, version
 from .collectors import VolprobeCollector, add_flags, enabled_from_args
 from .command import add_path_flags, host_from, report
 from .config import Config, ConfigError, from_paths, load
@@ -34,6 +34,7 @@ from .server import (
     address_text,
     connection_bound,
     landing_page,
+    listen,
     parse_listen_address,
     raise_open_files_limit,
     systemd_sockets,
@@ -43,6 +44,7 @@ from .webconfig import WebConfigWatcher
 
 log = logging.getLogger("volprobe")
 DEFAULT_LISTEN = ":10130"
+LEFTOVER_WAIT_S = 2.0  # keep_privileges(): how long the mount checks of --target paths may take to end
 
 
 def parser() -> argparse.ArgumentParser:
@@ -82,6 +84,13 @@ def parser() -> argparse.ArgumentParser:
         dest="disable_exporter_metrics",
         action="store_true",
         help="leave out the exporter's own process_* and python_info metrics",
+    )
+    parser.add_argument(
+        "--nvme.provider-statistics",
+        dest="provider_statistics",
+        action="store_true",
+        help="read the provider's statistics of AWS NVMe devices with the NVMe admin command: volprobe keeps "
+        "CAP_SYS_ADMIN for it (else it drops it at start, with every capability its configuration does not use)",
     )
     parser.add_argument("--log.level", dest="log_level", default="info", choices=["debug", "info", "warn", "error"])
     parser.add_argument("--log.format", dest="log_format", default="logfmt", choices=sorted(LOG_FORMATS))
@@ -184,6 +193,7 @@ class App:
         )
         self.servers: list[ExporterHTTPServer] = []
         self.listening = [text for text, _ in addresses]
+        self.kept: privileges.Kept | None = None  # what keep_privileges() left the process, once it ran
 
     @classmethod
     def build(cls, args: argparse.Namespace) -> App:
@@ -199,8 +209,9 @@ class App:
         web = WebConfigWatcher(args.web_config)
         return cls(args, Exporter(config, host_from(args), web), web, addresses)
 
-    def start(self) -> None:
-        """Open every listener, then start the probes: ListenError or ConfigError, and nothing left open."""
+    def start(self, listening: Callable[[], None] | None = None) -> None:
+        """Open every listener, then start the probes: ListenError or ConfigError, and nothing left open.
+        `listening` is called between the two, while no thread of the exporter's runs yet (keep_privileges)."""
         raise_open_files_limit()  # connections cost a descriptor each, not a thread: room for thousands
         listeners: list[tuple[str, tuple[str, int] | socket.socket]] = list(self.addresses)
         if self.args.systemd_socket:  # node_exporter's --web.systemd-socket: the listen addresses are not used
@@ -212,11 +223,25 @@ class App:
         # The bound is the process's (its descriptors, its memory): each listener holds its share, so that whoever
         # fills every listener still leaves the probes their reserve of open files.
         share = max(1, connection_bound() // max(1, len(listeners)))
-        for text, address in listeners:
+        # Bound first, then `listening`, then the servers, which start their threads.
+        bound: list[tuple[str, socket.socket]] = []
+        try:
+            for text, address in listeners:
+                try:
+                    bound.append((text, address if isinstance(address, socket.socket) else listen(address)))
+                except OSError as err:
+                    raise ListenError(f"cannot listen on {text}: {err.strerror or err}") from None
+            if listening is not None:
+                listening()
+        except BaseException:
+            for _, sock in bound:
+                sock.close()
+            raise
+        for index, (text, sock) in enumerate(bound):
             try:
                 self.servers.append(
                     ExporterHTTPServer(
-                        address,
+                        sock,
                         self.registry,
                         self.web,
                         self.landing,
@@ -227,6 +252,8 @@ class App:
                 )
             except OSError as err:
                 self._close_servers()
+                for _, rest in bound[index + 1 :]:
+                    rest.close()
                 raise ListenError(f"cannot listen on {text}: {err.strerror or err}") from None
         try:
             self.exporter.start()
@@ -237,6 +264,51 @@ class App:
         capabilities.check_idle_io_priority(self.exporter.found)  # logged and exported now, not first at a warm-up
         if not self.exporter.probes.running() and self.exporter.config.discovery is None:
             log.warning("no targets: nothing to probe (give --config or --target)")
+
+    def needed(self, config: Config) -> int:
+        """The capabilities (a mask) `config` uses (privileges.needed)."""
+        directories = any(target.directory for target in config.targets)
+        return privileges.needed(bool(config.kubernetes.rules), self.args.provider_statistics, directories)
+
+    def keep_privileges(self) -> None:
+        """Drop every capability the configuration does not use, from every set, and set no_new_privs (volprobe.
+        privileges): once the listeners are bound, before any thread starts. The process's, so main() only."""
+        wanted = self.needed(self.exporter.config)
+        # The only threads before this one: the mount checks of `--target` paths (mountcheck.is_directory), each a
+        # stat in a thread of its own that ends once it returns. One still in the kernel (a hung mount) cannot be
+        # narrowed from here: it keeps what it had until its stat returns, and then ends, which the log says.
+        deadline = time.monotonic() + LEFTOVER_WAIT_S
+        others = [thread for thread in threading.enumerate() if thread is not threading.current_thread()]
+        for thread in others:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        hung = [thread.name for thread in others if thread.is_alive()]
+        if hung:
+            log.warning(
+                "%s, hung in the kernel, keep the capabilities the process started with until they return (and "
+                "end); every other thread has only what it keeps",
+                ", ".join(hung),
+            )
+        while privileges.threads() > 1 + len(hung) and time.monotonic() < deadline:
+            time.sleep(0.001)  # a joined thread's OS thread is gone a moment after join() returns
+        kept = self.kept = privileges.keep_only(wanted, len(hung))
+        self.exporter.found.kept = kept
+        dropped = len(privileges.names(kept.held & ~kept.capabilities))
+        log.info(
+            "keeping capabilities: %s (dropped %d others from every set%s; no_new_privs %d)",
+            kept.text,
+            dropped,
+            ", the bounding set included" if kept.bounded else "; the bounding set unchanged, without CAP_SETPCAP",
+            int(kept.no_new_privs),
+        )
+        # CAP_DAC_OVERRIDE is for other users' directories only: an unprivileged user (the unit's, the pod's)
+        # writes where its permissions let it, and is told so by the target it cannot prepare.
+        missing = kept.missing & ~privileges.mask([privileges.CAP_DAC_OVERRIDE])
+        if missing:
+            log.warning(
+                "the configuration uses %s, which the process was not given (kubernetes.rules: private mount "
+                "copies; --nvme.provider-statistics: the NVMe admin command); it falls back without",
+                ", ".join(privileges.names(missing)),
+            )
 
     def serve(self) -> None:
         """Answer HTTP on every listener, each in its own thread."""
@@ -284,6 +356,7 @@ class App:
             self.exporter.note_reload(False)
             _log_rejected(path, ConfigError([f"{path}: cannot be loaded: {err!r}"[:300]]))
             return
+        self._note_dropped(config)
         try:
             self.exporter.reload(config)  # records its own outcome
         except ConfigError as err:
@@ -291,6 +364,26 @@ class App:
         except Exception:  # a bug must not end the exporter: it keeps serving what it had
             self.exporter.note_reload(False)
             log.exception("reloading %s failed; the running configuration is kept", path)
+
+    def _note_dropped(self, config: Config) -> None:
+        """A reloaded configuration that uses a capability dropped at start cannot have it back: said, and
+        exported (its feature's volprobe_capability_available 0), never silently. Restarting gives it back."""
+        if self.kept is None:
+            return
+        lacking = self.needed(config) & self.kept.held & ~self.kept.capabilities  # held at start, then dropped
+        admin = privileges.mask([privileges.CAP_SYS_ADMIN])
+        if lacking & admin and config.kubernetes.rules:
+            why = (
+                "kubernetes.rules need CAP_SYS_ADMIN (private mount copies), dropped at start when no rule was "
+                "configured; restart volprobe to have it. Pod volumes are opened at their path"
+            )
+            log.warning("SIGHUP: %s", why)
+            self.exporter.found.record(privatemount.PRIVATE_MOUNT, False, why)
+        if lacking & privileges.mask([privileges.CAP_DAC_OVERRIDE]):
+            log.warning(
+                "SIGHUP: directory targets use CAP_DAC_OVERRIDE (another user's directories), dropped at start when "
+                "none was configured; a directory root may not write in is refused until volprobe restarts"
+            )
 
     def stop(self) -> list[str]:
         """Stop the probes, then the servers; return the probes still stuck in the kernel."""
@@ -354,7 +447,7 @@ def main(argv: Sequence[str]) -> int:
     limit_malloc_arenas()
     try:
         app = App.build(args)
-        app.start()
+        app.start(app.keep_privileges)
     except ConfigError as err:
         return report(err)
     except ListenError as err:

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .privileges import Kept
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +31,7 @@ class Capabilities:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._known: dict[str, bool] = {}
+        self.kept: Kept | None = None  # what the process kept of its capabilities at start (volprobe.privileges)
 
     def record(self, name: str, available: bool, why: str = "") -> None:
         """Note whether `name` could be had; the first time it cannot (or it stops being available), log why."""

@@ -142,6 +142,13 @@ CAPABILITY_AVAILABLE = MetricSpec(
     "warm-ups; udev_monitor: netlink udev events for discovery). Present once the feature was needed or checked.",
     ("capability",),
 )
+CAPABILITIES_KEPT = MetricSpec(
+    "volprobe_capabilities_kept_info",
+    "gauge",
+    "The Linux capabilities volprobe kept at start, comma-separated, or none: every other one was dropped from "
+    "every set, the bounding set included, and no_new_privs set.",
+    ("capabilities",),
+)
 CONFIG_RELOAD_SUCCESSFUL = MetricSpec(
     "volprobe_config_last_reload_successful",
     "gauge",

@@ -437,6 +437,24 @@ def address_text(name: object) -> str:
     return str(name) or "unnamed"
 
 
+def listen(address: tuple[str, int]) -> socket.socket:
+    """A socket listening on `address` (host, port; host "" for every address, IPv4 and IPv6), or OSError."""
+    host = address[0]
+    family = socket.AF_INET6 if (not host or ":" in host) else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            with contextlib.suppress(OSError):  # one socket for IPv4 and IPv6, as Go's ":port" does
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((host or "::", address[1]))
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 class ExporterHTTPServer:
     """One listening socket, served by an event loop in the thread that calls serve_forever()."""
 
@@ -486,19 +504,7 @@ class ExporterHTTPServer:
             self.server_address: _Client = self.socket.getsockname()
             self.address = address_text(self.server_address)
             return
-        host = address[0]
-        family = socket.AF_INET6 if (not host or ":" in host) else socket.AF_INET
-        self.socket = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                with contextlib.suppress(OSError):  # one socket for IPv4 and IPv6, as Go's ":port" does
-                    self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            self.socket.bind((host or "::", address[1]))
-            self.socket.listen(socket.SOMAXCONN)
-        except BaseException:
-            self.socket.close()
-            raise
+        self.socket = listen(address)
         self.server_address = self.socket.getsockname()
         self.address = address_text(self.server_address)  # its log lines' address field, as node_exporter's
 

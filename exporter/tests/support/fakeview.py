@@ -38,6 +38,7 @@ class FakeView:
 
     build: BuildInfo = field(default_factory=lambda: BuildInfo("0.0.0", "3.11.0", "c"))
     capability: Mapping[str, bool] = field(default_factory=dict)
+    kept: str | None = None  # the capabilities kept at start; None: none dropped (an in-process exporter)
     restarts: Mapping[str, int] = field(default_factory=lambda: dict.fromkeys(supervise.THREADS, 0))
     reload: ReloadOutcome = field(default_factory=lambda: ReloadOutcome(True, 1700000000.0))
     web_reload: ReloadOutcome | None = None
@@ -58,6 +59,9 @@ class FakeView:
 
     def capabilities(self) -> Mapping[str, bool]:
         return self.capability
+
+    def kept_capabilities(self) -> str | None:
+        return self.kept
 
     def thread_restarts(self) -> Mapping[str, int]:
         return self.restarts
@@ -254,6 +258,7 @@ def golden_view() -> FakeView:
     return FakeView(
         build=BuildInfo("1.2.3", "3.11.2", "c"),
         capability={"idle_io_priority": True, "udev_monitor": False, "nvme_admin": True},
+        kept="CAP_SYS_ADMIN",
         restarts=restarts,
         reload=ReloadOutcome(False, 1700000000.0),
         web_reload=ReloadOutcome(True, 1700000100.5),

@@ -83,6 +83,11 @@ class VolprobeCollector(PrometheusCollector):
         for name, available in sorted(view.capabilities().items()):
             capability.add_metric([name], 1.0 if available else 0.0)
         yield capability
+        kept = view.kept_capabilities()
+        if kept is not None:  # dropped at start: not where tests run an exporter in-process
+            family = metrics.CAPABILITIES_KEPT.family()
+            family.add_metric([kept], 1.0)
+            yield family
         restarts = metrics.THREAD_RESTARTS.family()
         for thread, count in view.thread_restarts().items():
             restarts.add_metric([thread], count)

@@ -347,6 +347,10 @@ class Exporter:
     def capabilities(self) -> dict[str, bool]:
         return self.found.known()
 
+    def kept_capabilities(self) -> str | None:
+        kept = self.found.kept
+        return None if kept is None else kept.text
+
     def thread_restarts(self) -> dict[str, int]:
         return supervise.restarts()
 

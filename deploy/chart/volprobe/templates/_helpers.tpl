@@ -79,10 +79,23 @@ httpGet:
 {{/*
 "true" when the container runs as root with SYS_ADMIN alone (daemonset.yaml): for the NVMe admin command of
 awsNvmeStats, or for config.kubernetes.rules (writes in pod volumes, through private copies of their mounts).
-The state directory's owner follows it (volprobe.stateOwner).
+The state directory's owner follows it (volprobe.stateOwner). volprobe itself keeps CAP_SYS_ADMIN alone then,
+whatever the runtime gives a privileged container, and none otherwise (README, "Privileges").
 */}}
 {{- define "volprobe.rootWithSysAdmin" -}}
 {{- if or .Values.awsNvmeStats (dig "kubernetes" "rules" list (.Values.config | default dict)) }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when the configuration opens the host's block devices, which only a privileged container may (its device
+cgroup): awsNvmeStats (the NVMe admin command goes to the device), discovery (every whole disk, read), and any
+target (a device's probes; a directory target's read probes read its disk where the container can open it). A
+configuration of pod volumes alone (kubernetes: their mount checks, and kubernetes.rules' probes, which write
+and read files in the volumes) opens none: the container is then not privileged.
+*/}}
+{{- define "volprobe.hostBlockDevices" -}}
+{{- $config := .Values.config | default dict }}
+{{- if or .Values.awsNvmeStats (get $config "discovery") (get $config "targets") }}true{{ end }}
 {{- end }}
 
 {{/* "UID:GID" of the user volprobe runs as, whom the init step gives the state directory: runAsUser and runAsGroup
