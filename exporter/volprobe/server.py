@@ -227,12 +227,13 @@ class _Connection:
     """What the server knows of one open connection: whose it is, whether it is in a request, and whether it
     ever made an authorised one (what it gave up first when room is made)."""
 
-    __slots__ = ("busy", "client", "since", "transport", "trusted")
+    __slots__ = ("busy", "checking", "client", "since", "transport", "trusted")
 
     def __init__(self, client: str, transport: asyncio.WriteTransport) -> None:
         self.client = client  # client_key of its address
         self.transport = transport
         self.busy = False
+        self.checking = False  # in a request that waits for its password check (bcrypt)
         self.trusted = False
         self.since = time.monotonic()
 
@@ -676,9 +677,14 @@ class ExporterHTTPServer:
 
     def _make_room(self) -> bool:
         """At the bound: close a waiting connection (not in a request), one never authorised first, then of the
-        client holding the most, the oldest first. False if every connection is in a request."""
+        client holding the most, the oldest first; failing that, one never authorised whose request waits for a
+        password check (its check is left to run, its answer to no one): wrong passwords held waiting cannot keep
+        an authorised scraper out at a low bound. False if every connection is in a request otherwise."""
         waiting = (c for c in self.connections if not c.busy)
         victim = min(waiting, key=lambda c: (c.trusted, -self.held[c.client], c.since), default=None)
+        if victim is None:
+            checking = (c for c in self.connections if c.checking and not c.trusted)
+            victim = min(checking, key=lambda c: (-self.held[c.client], c.since), default=None)
         if victim is None:
             return False
         self._warn(
@@ -869,7 +875,11 @@ class ExporterHTTPServer:
         handler.limited = not handler.exempt() and not self.allow(config)
         if not handler.limited and handler.guarded():
             if not isinstance(verdict, bool):
-                checked = await self.passwords.check(connection.client, verdict)
+                connection.checking = True
+                try:
+                    checked = await self.passwords.check(connection.client, verdict)
+                finally:
+                    connection.checking = False
                 handler.limited = checked is None
                 verdict = bool(checked)
             handler.authorized = verdict
