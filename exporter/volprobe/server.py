@@ -14,7 +14,15 @@ What a client can make the server hold is bounded:
   new connection is not refused: room is made by closing a connection that is waiting (not in a request) of the
   address holding the most, one that never made an authorised request first, the oldest first. So whoever holds
   connections cannot keep a newcomer from another address out, nor an authorised scraper from their own;
-- a response is written within REQUEST_TIMEOUT_S, or the connection is closed;
+- a response is written within REQUEST_TIMEOUT_S, or the connection is closed; and the next request on a
+  connection is not parsed, nor its bytes read, until its client has taken all but SEND_QUEUE_MAX of the answers
+  sent: a client pipelining requests it never reads the answers of costs one answer and a few KiB of requests;
+- connections in a request (its answer being made) are bounded per client and in all (BUSY_*: beyond, 503),
+  health checks too; a request whose credentials were verified before (the cache) is never refused so, nor
+  waits behind unchecked passwords: whoever fills the server, an authorised scraper is answered;
+- any request gets a status: a malformed request line (a target no URL, a stray %, bytes beyond ASCII, a method
+  no token, a bad version) 400, and anything failing unexpectedly 500; what a client can make the server log is
+  bounded (LogLimit: a line per kind a minute, and a count of those left out);
 - /-/healthy and /-/ready need no credentials and take no rate-limit token: they tell nothing but that the
   process answers, and a kubelet's or systemd's check has no password (exporter-toolkit guards every path; a
   DaemonSet's httpGet probe could then never pass with basic auth on).
@@ -26,6 +34,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import fcntl
 import functools
 import gzip
 import html
@@ -33,9 +42,12 @@ import io
 import ipaddress
 import logging
 import os
+import re
 import resource
 import socket
 import ssl
+import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -67,21 +79,36 @@ HEAD_DEADLINE_S = 5.0
 # behind a proxy (nginx's default allows 4 x 8 KiB). The stdlib bounds only each line (64 KiB) and the count (100).
 HEAD_MAX_BYTES = 32 * 1024
 # Connections held at once. One costs a socket, its transport and buffers, a few KiB (measured in
-# tests/test_http.py and bench/connections): 4096 of them about 30 MiB at most, against the DaemonSet's 128 MiB.
+# tests/test_http.py and bench/connections: about 6 KiB idle, 15 KiB pipelining requests it never reads the
+# answers of): 4096 of them about 60 MiB at most, against the DaemonSet's 128 MiB.
 # Lowered to leave OPEN_FILES_RESERVE of the open-files limit to the probes and the rest.
 MAX_CONNECTIONS = 4096
 OPEN_FILES_RESERVE = 256
 REQUEST_TIMEOUT_S = 30.0
-# What a connection may make the server buffer: a reader pauses past twice READ_LIMIT, and a response write waits
-# (drain) past WRITE_BUFFER_HIGH until the client has taken it.
-READ_LIMIT = 16 * 1024
-WRITE_BUFFER_HIGH = 64 * 1024
-# Connections in a request at once (reading it is done: being answered, or their answer being written), per
-# client and in all; beyond, a request is answered 503 at once. Health checks are not counted against either.
-# Prometheus has one or two in a request; a client that sends requests and never reads the answers holds its
-# connections busy until REQUEST_TIMEOUT_S.
+# What a connection may make the server buffer (issue 52: 800 connections pipelining health checks they never
+# read took 100 KiB each). Its transport stops reading past twice READ_LIMIT unparsed. The next request on a
+# connection is parsed only once its answer is written whole (handed to the kernel) and the kernel holds at
+# most SEND_QUEUE_MAX of its answers not yet taken by the client (Linux grows a socket's send buffer to 4 MiB:
+# a client that never reads would have had it fill that with answers); its reading is paused meanwhile. So a
+# connection holds at most one answer, 2 x READ_LIMIT of requests, and SEND_QUEUE_MAX in the kernel beyond.
+READ_LIMIT = 4 * 1024
+WRITE_BUFFER_HIGH = 0
+SEND_QUEUE_MAX = 16 * 1024
+# The kernel's receive buffer of a connection (Linux doubles it for its bookkeeping), set on the listening socket:
+# what a client can have queued unread, and so what one read takes (asyncio reads up to 256 KiB at a time, which
+# a client pipelining requests filled at once). A request head is at most HEAD_MAX_BYTES: it comes in a few reads.
+RECEIVE_BUFFER = 8 * 1024
+# Connections in a request at once (its head read, its answer not yet made: waiting for a password check or a
+# render), per client and in all; beyond, a request is answered 503 at once. Health checks count as any request;
+# an authorised one (its credentials in the verified cache) is never refused for it. Prometheus has one or two in
+# a request. A connection whose answer waits for its client to read it is not in a request: room may be made
+# by closing it.
 BUSY_PER_CLIENT = 64
 BUSY_CONNECTIONS = 256
+# What a client can make the server log: at most LOG_LINES lines of each kind every LOG_INTERVAL_S; the count of
+# those left out is logged when the interval ends.
+LOG_LINES = 1
+LOG_INTERVAL_S = 60.0
 # Threads that render /metrics and the landing page (rendering holds the GIL: more would not render faster).
 RENDER_WORKERS = 2
 # Password checks (bcrypt) waiting per client (client_key) and in all; beyond, a request needing one is answered
@@ -200,12 +227,13 @@ class _Connection:
     """What the server knows of one open connection: whose it is, whether it is in a request, and whether it
     ever made an authorised one (what it gave up first when room is made)."""
 
-    __slots__ = ("busy", "client", "since", "transport", "trusted")
+    __slots__ = ("busy", "checking", "client", "since", "transport", "trusted")
 
     def __init__(self, client: str, transport: asyncio.WriteTransport) -> None:
         self.client = client  # client_key of its address
         self.transport = transport
         self.busy = False
+        self.checking = False  # in a request that waits for its password check (bcrypt)
         self.trusted = False
         self.since = time.monotonic()
 
@@ -252,6 +280,58 @@ def client_key(address: str) -> str:
     return str(ip)
 
 
+class LogLimit:
+    """What a client can make the server log, bounded: at most LOG_LINES warnings of each kind every
+    LOG_INTERVAL_S, and one line later with the count of those left out. Safe from any thread; the count is
+    logged by the event loop at the interval's end (or with the next line of its kind, without a loop)."""
+
+    def __init__(self, address: str = "") -> None:
+        self.address = address  # the listener's, its log lines' address field
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self._windows: dict[str, list[Any]] = {}  # kind -> [start, lines logged, lines left out, flush due]
+
+    def warn(self, kind: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        with self._lock:
+            window = self._windows.get(kind)
+            if window is None or now - window[0] >= LOG_INTERVAL_S:
+                left_out = window[2] if window is not None else 0
+                window = self._windows[kind] = [now, 0, 0, False]
+                if left_out:
+                    self._left_out(kind, left_out)
+            if window[1] < LOG_LINES:
+                window[1] += 1
+                log.warning(message, *args, extra=fields(address=self.address))
+                return
+            window[2] += 1
+            if window[3] or self.loop is None:
+                return
+            window[3] = True
+            due = LOG_INTERVAL_S - (now - window[0])
+        with contextlib.suppress(RuntimeError):  # the loop closed: the next line of its kind tells the count
+            self.loop.call_soon_threadsafe(self._flush_later, kind, window, due)
+
+    def _flush_later(self, kind: str, window: list[Any], due: float) -> None:
+        asyncio.get_running_loop().call_later(max(0.0, due), self._flush, kind, window)
+
+    def _flush(self, kind: str, window: list[Any]) -> None:
+        with self._lock:
+            if self._windows.get(kind) is not window or not window[2]:
+                return
+            left_out, window[2] = window[2], 0
+            self._left_out(kind, left_out)
+
+    def _left_out(self, kind: str, count: int) -> None:
+        log.warning(
+            "%d more %r lines left out in the last %g s",
+            count,
+            kind,
+            LOG_INTERVAL_S,
+            extra=fields(address=self.address),
+        )
+
+
 class PasswordChecks:
     """bcrypt of credentials not in the cache, on a thread of its own, one at a time in the process and each
     followed by as long a rest: failed passwords, however many, take at most half a core. The checks waiting are
@@ -260,8 +340,9 @@ class PasswordChecks:
     than REQUEST_TIMEOUT_S. One client's flood so delays another client's check by one check per client, and
     a known scraper's (a rotated password) by none."""
 
-    def __init__(self, web: WebConfigWatcher) -> None:
+    def __init__(self, web: WebConfigWatcher, logs: LogLimit | None = None) -> None:
         self.web = web
+        self.logs = logs or LogLimit()
         self._queues: collections.OrderedDict[str, collections.deque[tuple[Credential, asyncio.Future[bool]]]] = (
             collections.OrderedDict()
         )
@@ -318,7 +399,7 @@ class PasswordChecks:
             try:
                 result = await loop.run_in_executor(self._pool, _check_and_rest, self.web, credential)
             except Exception as err:  # that request fails (500 is not owed: it is refused), the checks go on
-                log.warning("a password check failed: %r", err)
+                self.logs.warn("password check", "a password check failed: %r", err)
                 result = False
             if not future.done():
                 future.set_result(result)
@@ -331,7 +412,7 @@ class _Stream:
     """A connection's bytes, plain or through TLS (an SSLObject over memory buffers, so that a failed handshake
     still sends its alert, which asyncio's own TLS drops), read a line at a time into a buffer of its own."""
 
-    READ_SIZE = 16 * 1024
+    READ_SIZE = READ_LIMIT  # what one read takes from the stream reader: the unparsed rest of a pipeline
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
@@ -486,9 +567,9 @@ class ExporterHTTPServer:
         self.held: collections.Counter[str] = collections.Counter()  # open connections per client
         self.busy: collections.Counter[str] = collections.Counter()  # connections in a request per client
         self.busy_total = 0
-        self.passwords = PasswordChecks(web)
+        self.logs = LogLimit()  # its address set below
+        self.passwords = PasswordChecks(web, self.logs)
         self._bucket: TokenBucket | None = None  # rate_limit: one per listener, as in exporter-toolkit
-        self._logged: dict[str, float] = {}  # warning -> monotonic time it was last logged
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._stopping = threading.Event()
@@ -502,11 +583,12 @@ class ExporterHTTPServer:
         if isinstance(address, socket.socket):
             self.socket = address
             self.server_address: _Client = self.socket.getsockname()
-            self.address = address_text(self.server_address)
+            self.address = self.logs.address = address_text(self.server_address)
             return
         self.socket = listen(address)
         self.server_address = self.socket.getsockname()
         self.address = address_text(self.server_address)  # its log lines' address field, as node_exporter's
+        self.logs.address = self.address
 
     # -- running ---------------------------------------------------------------------------------------------
 
@@ -522,10 +604,14 @@ class ExporterHTTPServer:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        self._loop = asyncio.get_running_loop()
+        self._loop = self.logs.loop = asyncio.get_running_loop()
         if self._stopping.is_set():  # shutdown() came before the loop could be told
             return
         checks = asyncio.create_task(self.passwords.run())
+        # On the listening socket, so that each connection has it from its handshake (its window): set on an
+        # accepted one it would come too late for what a client sent at once.
+        with contextlib.suppress(OSError):
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
         server = await asyncio.start_server(
             self._connection, sock=self.socket, limit=READ_LIMIT, backlog=socket.SOMAXCONN
         )
@@ -575,12 +661,9 @@ class ExporterHTTPServer:
         return encoder(self.registry), content_type
 
     def _warn(self, what: str, message: str, *args: object) -> None:
-        """A warning at most once a minute for each `what`: a flood must not flood the log too. Its address field
-        says which listener (each has its own share of the connections)."""
-        now = time.monotonic()
-        if now - self._logged.get(what, -60.0) >= 60:
-            self._logged[what] = now
-            log.warning(message, *args, extra=fields(address=self.address))
+        """A warning at most LOG_LINES times every LOG_INTERVAL_S for each `what` (LogLimit): a flood must not
+        flood the log too. Its address field says which listener (each has its own share of the connections)."""
+        self.logs.warn(what, message, *args)
 
     async def _web_config(self) -> WebConfig:
         """The web config as it is now (its files looked at on a thread of its own); the one in force if that
@@ -600,9 +683,14 @@ class ExporterHTTPServer:
 
     def _make_room(self) -> bool:
         """At the bound: close a waiting connection (not in a request), one never authorised first, then of the
-        client holding the most, the oldest first. False if every connection is in a request."""
+        client holding the most, the oldest first; failing that, one never authorised whose request waits for a
+        password check (its check is left to run, its answer to no one): wrong passwords held waiting cannot keep
+        an authorised scraper out at a low bound. False if every connection is in a request otherwise."""
         waiting = (c for c in self.connections if not c.busy)
         victim = min(waiting, key=lambda c: (c.trusted, -self.held[c.client], c.since), default=None)
+        if victim is None:
+            checking = (c for c in self.connections if c.checking and not c.trusted)
+            victim = min(checking, key=lambda c: (-self.held[c.client], c.since), default=None)
         if victim is None:
             return False
         self._warn(
@@ -632,6 +720,7 @@ class ExporterHTTPServer:
         connection = _Connection(client_key(str(client[0])), writer.transport)
         self.connections[connection] = None
         self.held[connection.client] += 1
+        # drain() then waits until the answer is all handed to the kernel (WRITE_BUFFER_HIGH 0).
         writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         sock = writer.get_extra_info("socket")
         # A response larger than the socket buffer would wait for delayed ACKs under Nagle's algorithm. Go's
@@ -652,18 +741,18 @@ class ExporterHTTPServer:
                     clean = True
                     return
                 with self._in_request(connection):
-                    response, close = await self._answer(head, client, connection)
-                    stream.write(response)
-                    async with asyncio.timeout(REQUEST_TIMEOUT_S):
-                        await writer.drain()
+                    response, close = await self._answer_anyhow(head, client, connection)
+                stream.write(response)
+                await self._taken(writer)
                 connection.since = time.monotonic()
                 if close:
                     clean = True
                     return
         except (OSError, TimeoutError, ssl.SSLError) as err:
             log.debug("connection from %s ended: %r", client[0], err)
-        except Exception:
-            log.exception("connection from %s failed", client[0], extra=fields(address=self.address))
+        except Exception as err:
+            self._warn("failed", "connection from %s failed: %r", client[0], err)
+            log.debug("connection from %s failed", client[0], exc_info=True)
         finally:
             self._forget(connection)
             if clean:
@@ -673,6 +762,43 @@ class ExporterHTTPServer:
                     asyncio.get_running_loop().call_later(HEAD_DEADLINE_S, writer.transport.abort)
             else:
                 writer.transport.abort()
+
+    @staticmethod
+    async def _taken(writer: asyncio.StreamWriter) -> None:
+        """Until the answer just written is all handed to the kernel, and the kernel holds at most SEND_QUEUE_MAX
+        not yet taken by the client (within REQUEST_TIMEOUT_S, else TimeoutError): no further request on the
+        connection is parsed meanwhile, and its reading is paused, so a client that sends requests and never reads
+        their answers makes the server hold one answer and what little was read before the pause. The connection
+        is not in a request meanwhile: room may be made by closing it."""
+        transport = writer.transport
+        sock = writer.get_extra_info("socket")
+        if not transport.get_write_buffer_size() and _unsent(sock) <= SEND_QUEUE_MAX:
+            return
+        # Paused here only if reading (the stream reader may have paused it itself, and resumes it itself).
+        paused = transport.is_reading()  # type: ignore[attr-defined]
+        if paused:
+            transport.pause_reading()  # type: ignore[attr-defined]
+        try:
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                await writer.drain()
+                # No event tells that a client took its bytes: looked at 10 ms on, then ever less often (1 s).
+                wait = 0.01
+                while not transport.is_closing() and _unsent(sock) > SEND_QUEUE_MAX:
+                    await asyncio.sleep(wait)
+                    wait = min(2 * wait, 1.0)
+        finally:
+            if paused and not transport.is_closing():
+                transport.resume_reading()  # type: ignore[attr-defined]
+
+    async def _answer_anyhow(self, head: bytes, client: _Client, connection: _Connection) -> tuple[bytes, bool]:
+        """_answer's, or 500 and the connection closed if it failed: whatever a client sends gets a status, and
+        one log line a minute at most (the traceback at debug)."""
+        try:
+            return await self._answer(head, client, connection)
+        except Exception as err:
+            self._warn("error", "a request from %s failed: %r; answered 500", client[0], err)
+            log.debug("a request from %s failed", client[0], exc_info=True)
+            return _INTERNAL_ERROR, True
 
     @contextlib.contextmanager
     def _in_request(self, connection: _Connection) -> Iterator[None]:
@@ -732,21 +858,34 @@ class ExporterHTTPServer:
 
     async def _answer(self, head: bytes, client: _Client, connection: _Connection) -> tuple[bytes, bool]:
         """The response to one request head, and whether the connection closes after it."""
-        config = await self._web_config()  # each request sees the web config as it is when it arrives
+        # Each request sees the web config as it is when it arrives, but for a health check or a malformed request:
+        # they are answered with the one in force, without a look at its files on another thread (a pipeline of
+        # them would otherwise keep its connection in a request, waiting for looks, from first to last).
+        config = self.web.in_force
         handler = _Handler(self, client, head, config)
+        if handler.parsed and not handler.exempt():
+            config = await self._web_config()
+            handler = _Handler(self, client, head, config)
         if not handler.parsed:
             return handler.response.getvalue(), handler.close_connection
-        if not handler.exempt() and (
-            self.busy[connection.client] > BUSY_PER_CLIENT or self.busy_total > BUSY_CONNECTIONS
-        ):
+        # Credentials checked before (the verified cache: a digest and a look-up, no bcrypt) first: an authorised
+        # scraper is never refused as busy, whoever fills the server, nor queued behind unchecked passwords.
+        verdict: bool | Credential = False
+        if handler.guarded():
+            verdict = self.web.verdict(config, handler.headers.get("Authorization"))
+        proven = verdict is True and bool(config.users)
+        if not proven and (self.busy[connection.client] > BUSY_PER_CLIENT or self.busy_total > BUSY_CONNECTIONS):
             self._warn("busy", "too many requests in progress (from %s): answering 503", connection.client)
             handler.unavailable()
             return handler.response.getvalue(), handler.close_connection
         handler.limited = not handler.exempt() and not self.allow(config)
         if not handler.limited and handler.guarded():
-            verdict = self.web.verdict(config, handler.headers.get("Authorization"))
             if not isinstance(verdict, bool):
-                checked = await self.passwords.check(connection.client, verdict)
+                connection.checking = True
+                try:
+                    checked = await self.passwords.check(connection.client, verdict)
+                finally:
+                    connection.checking = False
                 handler.limited = checked is None
                 verdict = bool(checked)
             handler.authorized = verdict
@@ -768,11 +907,27 @@ class ExporterHTTPServer:
         return handler.response.getvalue(), handler.close_connection
 
 
+_INTERNAL_ERROR = (
+    b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: 39\r\n"
+    b"Connection: close\r\n\r\nthe request failed; see volprobe's log\n"
+)
+
+
 class _TooLarge(bytes):
     """_read_head's answer for a request head over HEAD_MAX_BYTES (its bytes are not kept)."""
 
 
 _TOO_LARGE = _TooLarge()
+
+
+def _unsent(sock: Any) -> int:
+    """Bytes a connected socket's kernel holds not yet acknowledged by the client (Linux's SIOCOUTQ); 0 where
+    that cannot be asked."""
+    try:
+        answer = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    except (OSError, AttributeError, ValueError):
+        return 0
+    return int.from_bytes(answer, sys.byteorder, signed=True)
 
 
 def _loop_time(deadline: float) -> float:
@@ -791,6 +946,25 @@ def _openmetrics_escaping(encoder: Callable[[Collector], bytes]) -> str | None:
         return None
     escaping: str = options["escaping"]
     return escaping if escaping in OPENMETRICS_ESCAPINGS else None
+
+
+_METHOD = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,32}")  # a token (RFC 9110), of a sane length
+_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")  # a % not followed by two hex digits
+
+
+def _request_target_problem(method: str, target: str) -> str | None:
+    """What is malformed in a request line the stdlib parsed (it checks the version, not these), or None."""
+    if not _METHOD.fullmatch(method):
+        return "the method is not a token"
+    if not target.isascii() or not target.isprintable():
+        return "the request target is not printable ASCII"
+    if _PERCENT.search(target):
+        return "the request target has a % not followed by two hex digits"
+    try:
+        urlsplit(target)
+    except ValueError:  # "http://[x]/": not an IPv6 address in its brackets
+        return "the request target is not a URL"
+    return None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -818,13 +992,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _parse(self, head: bytes) -> bool:
         """The stdlib's handle_one_request up to the method call: False when answered already (or to close)."""
-        self.command = self.requestline = self.request_version = ""
+        self.command = self.requestline = self.request_version = self._route = ""
         if isinstance(head, _TooLarge):
             self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, explain=f"over {HEAD_MAX_BYTES} bytes")
             return False
         self.raw_requestline = self.rfile.readline(HEAD_MAX_BYTES + 1)
         if not self.parse_request():
             return False
+        problem = _request_target_problem(self.command, self.path)
+        if problem is not None:
+            self.send_error(HTTPStatus.BAD_REQUEST, explain=problem)
+            return False
+        self._route = urlsplit(self.path).path
         if not hasattr(self, "do_" + self.command):
             self.send_error(HTTPStatus.NOT_IMPLEMENTED, f"Unsupported method ({self.command!r})")
             return False
@@ -832,7 +1011,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     @property
     def route(self) -> str:
-        return urlsplit(self.path).path
+        """The request target's path (its query left out), as _parse found it."""
+        return self._route
 
     def exempt(self) -> bool:
         """Health checks: no rate limit, no credentials."""
@@ -938,8 +1118,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path == self.server.telemetry_path:
             try:
                 body, content_type = self.server.renders.get(self.headers.get("Accept", ""))
-            except Exception:
-                log.exception("scrape failed")
+            except Exception as err:
+                self.server._warn("scrape failed", "scrape failed: %r", err)
+                log.debug("scrape failed", exc_info=True)
                 self._send(500, b"scrape failed; see the exporter's log\n", "text/plain; charset=utf-8")
                 return
             extra = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 
@@ -30,3 +31,41 @@ def exchange(port: int, data: bytes, within: float = 5.0) -> tuple[bytes, bool]:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(data)
         return read_until_closed(sock, within)
+
+
+def pipelining(port: int, request: bytes, count: int, source: str = "", receive_buffer: int = 1024) -> socket.socket:
+    """A connection from loopback address `source` that sends `count` copies of `request` at once (as many as the
+    kernel takes without blocking) and never reads an answer, its receive buffer `receive_buffer` bytes."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)  # before connect: the window
+        if source:
+            sock.bind((source, 0))
+        sock.settimeout(10)
+        sock.connect(("127.0.0.1", port))
+        sock.setblocking(False)
+        data = memoryview(request * count)
+        try:
+            while data:
+                data = data[sock.send(data) :]
+        except (BlockingIOError, ConnectionError):
+            pass  # the rest stays unsent: the server has stopped reading (or closed the connection)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def wait_answered(socks: list[socket.socket], within: float) -> int:
+    """Wait until each of `socks` has something to read (an answer, or the server's close), within `within`
+    seconds; how many have."""
+    poll = select.poll()  # select() takes no descriptor over 1023
+    for sock in socks:
+        poll.register(sock, select.POLLIN)
+    pending = {sock.fileno() for sock in socks}
+    deadline = time.monotonic() + within
+    while pending and (left := deadline - time.monotonic()) > 0:
+        for fd, _ in poll.poll(min(left, 0.5) * 1000):
+            pending.discard(fd)
+            poll.unregister(fd)
+    return len(socks) - len(pending)
