@@ -537,6 +537,8 @@ def test_a_pod_spec_becomes_podman_runs():
         "--hostname=p",
         "--cpu-shares=2",  # no CPU request: the kubelet's minimum
         "--volume=/h/state:/state:rw,rprivate",
+        # The kubelet's file for the termination message, last: /dev/termination-log by default.
+        "--volume=/s/termination-logs/own:/dev/termination-log:rw,rprivate",
         '--entrypoint=["chown", "1000:1000", "/state"]',
         "example/app:1",
     )
@@ -560,6 +562,7 @@ def test_a_pod_spec_becomes_podman_runs():
         "--volume=/h/data:/data:rw,rslave",  # HostToContainer
         "--volume=/h/state:/state:rw,rprivate",
         "--volume=/s/volumes/scratch:/scratch:rw,rprivate",
+        "--volume=/s/termination-logs/app:/dev/termination-log:rw,rprivate",
         "--publish=127.0.0.1:18080:8080/tcp",
         "--stop-timeout=30",  # terminationGracePeriodSeconds' default
         "example/app:1",
@@ -582,6 +585,8 @@ def test_a_pod_spec_becomes_podman_runs():
     assert run.files == (
         HostFile(Path("/s/volumes/config/app.yml"), b"a: 1\n", 0o644),
         HostFile(Path("/s/volumes/tls/key.pem"), b"KEY", 0o400),  # only the items, with defaultMode
+        HostFile(Path("/s/termination-logs/own"), b"", 0o644),
+        HostFile(Path("/s/termination-logs/app"), b"", 0o644),
     )
     assert run.stop_timeout == 30
 

@@ -77,11 +77,13 @@ IGNORED_POD_FIELDS = frozenset(
 )
 IGNORED_CONTAINER_FIELDS = frozenset(
     {
-        # The kubelet mounts a file there for the container's last words; nobody reads it here.
-        "terminationMessagePath",
-        "terminationMessagePolicy",
+        "terminationMessagePolicy",  # where the kubelet reads the last words from: nobody reads them here
     }
 )
+# The kubelet bind-mounts a file of its own at each container's terminationMessagePath (this by default), read-write,
+# after the volumes (containerd orders mounts by depth): under a read-only volume mounted at /dev the runtime
+# cannot make it, and the container never starts (issue 56).
+DEFAULT_TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 
 
 class UnsupportedField(ValueError):
@@ -487,6 +489,11 @@ def _mounts(
     return options
 
 
+def termination_log(scratch: Path, container: Mapping[str, Any]) -> HostFile:
+    """The file the kubelet makes for a container's termination message (mounted at terminationMessagePath)."""
+    return HostFile(scratch / "termination-logs" / str(container.get("name")), b"", 0o644)
+
+
 def _container(
     container: Mapping[str, Any],
     spec: Mapping[str, Any],
@@ -494,12 +501,13 @@ def _container(
     prefix: str,
     published: Mapping[int, int] | None,
     init: bool,
+    scratch: Path,
 ) -> PodmanContainer:
     """A container as podman's options, image and arguments. `published`: the container's ports on the host
     (None for an init container, whose ports and probes the API server refuses anyway)."""
     where = f"{'initContainers' if init else 'containers'} {container.get('name')}"
     handled = ["name", "image", "imagePullPolicy", "command", "args", "env", "workingDir", "securityContext"]
-    handled += ["resources", "volumeMounts"]
+    handled += ["resources", "volumeMounts", "terminationMessagePath"]
     if not init:
         handled += ["ports", "livenessProbe", "readinessProbe", "startupProbe"]
     _known(container, where, handled, IGNORED_CONTAINER_FIELDS)
@@ -518,6 +526,9 @@ def _container(
     if "workingDir" in container:
         options.append(f"--workdir={container['workingDir']}")
     options += _mounts(container, sources, privileged, where)
+    at = container.get("terminationMessagePath", DEFAULT_TERMINATION_MESSAGE_PATH)
+    log_file = termination_log(scratch, container).path
+    options.append(f"--volume={_option_path(log_file, where)}:{_option_path(at, where)}:rw,rprivate")
     host_port: dict[int, int] = {}
     for port in container.get("ports") or ():
         _known(port, f"{where}.ports", ("name", "containerPort", "protocol"))  # hostPort, hostIP: refused
@@ -576,14 +587,18 @@ def pod_to_podman(
     if len(spec["containers"]) != 1:
         raise _refuse("spec.containers", "more than one: separate podman containers would not share a network")
     sources, checks, directories, files = _volumes(spec, objects, host_paths, scratch)
+    files += [termination_log(scratch, c) for c in [*(spec.get("initContainers") or ()), *spec["containers"]]]
     return PodmanPod(
         host_paths=tuple(checks),
         directories=tuple(directories),
         files=tuple(files),
         init_containers=tuple(
-            _container(c, spec, sources, prefix, None, init=True) for c in spec.get("initContainers") or ()
+            _container(c, spec, sources, prefix, None, init=True, scratch=scratch)
+            for c in spec.get("initContainers") or ()
         ),
-        containers=tuple(_container(c, spec, sources, prefix, published, init=False) for c in spec["containers"]),
+        containers=tuple(
+            _container(c, spec, sources, prefix, published, init=False, scratch=scratch) for c in spec["containers"]
+        ),
         stop_timeout=spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS),
     )
 
