@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from . import voldata
+
 log = logging.getLogger(__name__)
 
 # How long a cached identity is trusted where the kernel gives no DISKSEQ (before Linux 5.15), and so a disk
@@ -183,10 +185,8 @@ def kubernetes_volume(*paths: str) -> tuple[str, str]:
                 groups = match.groupdict()
                 pv = groups.get("pv") or ""
                 if pattern is _POD_VOLUME:
-                    from . import kubelet  # which imports this module
-
                     plugin = f"kubernetes.io~{groups['plugin']}"
-                    pv = kubelet.persistent_volume_at(path[: match.end("pv")]) if plugin == kubelet.CSI_PLUGIN else ""
+                    pv = voldata.persistent_volume_at(path[: match.end("pv")]) if plugin == voldata.CSI_PLUGIN else ""
                 return pv, groups.get("pod") or ""
     return "", ""
 

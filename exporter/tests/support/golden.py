@@ -16,7 +16,7 @@ from unittest import mock
 
 from prometheus_client import CollectorRegistry
 
-from volprobe import kubelet
+from volprobe import voldata
 from volprobe.app import build_registry
 from volprobe.exposition import generate_text
 
@@ -54,14 +54,14 @@ def registry() -> CollectorRegistry:
 
 
 def recorded_persistent_volume(directory: str) -> str:
-    """kubelet.persistent_volume_at() on the golden view's node: its one CSI volume's vol_data.json says it is the
+    """voldata.persistent_volume_at() on the golden view's node: its one CSI volume's vol_data.json says it is the
     PersistentVolume pvc-42 (the directory is not on this machine)."""
     return "pvc-42" if directory.endswith("/volumes/kubernetes.io~csi/pvc-42") else ""
 
 
 def render() -> bytes:
     """The exposition of the golden view."""
-    with mock.patch.object(kubelet, "persistent_volume_at", recorded_persistent_volume):
+    with mock.patch.object(voldata, "persistent_volume_at", recorded_persistent_volume):
         return generate_text(registry())
 
 
