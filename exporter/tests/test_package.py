@@ -359,8 +359,10 @@ def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_p
             "var/lib/private/volprobe",
         ):
             assert not os.path.lexists(root / path), f"/{path} is left after purge"
-        # Debian's convention: the system user stays (files it owned may outlive the package).
+        # Debian's convention: the system user stays (files it owned may outlive the package), but not in group
+        # disk, which postinst gave it (issue 52).
         in_root(root, "getent", "passwd", "volprobe")
+        assert "disk" not in in_root(root, "id", "-nG", "volprobe").split(), "still in group disk after purge"
         left = sorted(tree(root) - before)
         allowed = {
             # The user's: adduser's backups of the files it changed (the user stays).
@@ -381,3 +383,66 @@ def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_p
         assert all(not any((root / path).iterdir()) for path in dirs), f"not empty after purge: {dirs}"
         changed_etc = {p for p in before if p.startswith("etc/")} - tree(root)
         assert not changed_etc, f"removed by the purge, though not the package's: {sorted(changed_etc)}"
+
+
+# -- Someone else's account named volprobe (issue 52) -----------------------------------------------------------
+
+WARNING = "volprobe: WARNING: an account volprobe exists that this package did not make"
+
+
+def groups_of(root: Path, user: str) -> list[str]:
+    return in_root(root, "id", "-nG", user).split()
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda release: f"debian{release.number}")
+def test_a_login_account_named_volprobe_is_never_given_group_disk(tmp_path, release):
+    """A login account named volprobe that was there first is left as it was: not put in group disk (raw reads of
+    every disk) on install or upgrade, its membership not touched on purge, with a warning that says what to do;
+    the install succeeds and the unit is enabled. Doing what the warning says (the account removed, then
+    dpkg-reconfigure) gives the package its own system user in group disk, which a purge takes out of it."""
+    deb = the_deb(release)
+    with fresh_root(tmp_path, release) as root:
+        shutil.copy(deb, root / "tmp" / deb.name)
+        apt_get(root, "update")
+        apt_get(root, "install", "--no-install-recommends", *depends_of(deb))
+        in_root(root, "useradd", "-m", "-s", "/bin/bash", "volprobe")
+        account = in_root(root, "getent", "passwd", "volprobe")
+        groups = groups_of(root, "volprobe")
+        assert "disk" not in groups, groups
+
+        # -- Install ------------------------------------------------------------------------------------
+        out = apt_get(root, "install", f"/tmp/{deb.name}")
+        assert package_state(root) == f"{release.version} ii"
+        assert groups_of(root, "volprobe") == groups, "the account's groups were changed"
+        assert in_root(root, "getent", "passwd", "volprobe") == account, "the account was changed"
+        assert WARNING in out, out[-4000:]
+        assert "NOT added to group disk" in out and "dpkg-reconfigure volprobe" in out, out[-4000:]
+        assert "IS in group disk" not in out, out[-4000:]
+        assert_enables_the_unit(root, release)
+
+        # -- Upgrade (the same version again: postinst configure with the installed version) ---------------
+        out = apt_get(root, "install", "--reinstall", f"/tmp/{deb.name}")
+        assert WARNING in out, out[-4000:]
+        assert groups_of(root, "volprobe") == groups, "the account's groups were changed on upgrade"
+
+        # -- Already in group disk (as the package's earlier versions left it): kept, and said --------------
+        in_root(root, "usermod", "-aG", "disk", "volprobe")
+        out = apt_get(root, "install", "--reinstall", f"/tmp/{deb.name}")
+        assert WARNING in out and "IS in group disk" in out and "deluser volprobe disk" in out, out[-4000:]
+        apt_get(root, "purge", "volprobe")
+        assert package_state(root) == "unknown"
+        assert in_root(root, "getent", "passwd", "volprobe") == account, "the account was changed by the purge"
+        assert "disk" in groups_of(root, "volprobe"), "a membership the package did not give was taken away"
+        assert (root / "home/volprobe").is_dir()
+
+        # -- What the warning says to do ------------------------------------------------------------------
+        apt_get(root, "install", f"/tmp/{deb.name}")
+        in_root(root, "userdel", "-r", "volprobe")
+        out = in_root(root, "dpkg-reconfigure", "volprobe", env=APT_ENV)
+        assert WARNING not in out, out
+        passwd = in_root(root, "getent", "passwd", "volprobe").strip().split(":")
+        assert int(passwd[2]) < 1000 and passwd[5] == "/var/lib/volprobe" and passwd[6].endswith("nologin"), passwd
+        assert "disk" in groups_of(root, "volprobe")
+        apt_get(root, "purge", "volprobe")
+        in_root(root, "getent", "passwd", "volprobe")  # kept, as Debian keeps system users
+        assert "disk" not in groups_of(root, "volprobe"), "the package's system user is still in group disk"
