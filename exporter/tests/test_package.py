@@ -1,6 +1,9 @@
 """The Debian packages (issue 42): dist/volprobe_VERSION-1+debN_ARCH.deb, as `.ci/package` builds one for each of
 Debian 12 and 13, each installed with apt into a fresh root of its release, run, upgraded over itself with an
-edited conffile, and purged.
+edited conffile, and purged. And what the package may grant and how it is built (issue 52): a login account
+named volprobe that was there first is never put in group disk (install, upgrade, purge), with a warning; every
+path of each .deb has the mode and owner of its table; and .ci/package-deb, the step that puts a .deb together,
+makes the same package under umask 077, 000 and 002.
 
 The root is a minbase Debian 12 or 13 made with mmdebstrap from the machine's mirrors (cached as a tarball
 keyed by its recipe and mirrors, as test_image's base is; each run unpacks a fresh copy). apt inside it reaches
@@ -9,20 +12,24 @@ the root: the exporter is started directly, with the package's configuration, an
 unit is enabled is what deb-systemd-helper leaves without systemd, its symlink.
 
 `.ci/run` builds dist/ with `.ci/package` before the suite; run alone, this test builds the package when dist/
-has none for the version in exporter/volprobe/__init__.py. About 35 s (apt's installs, mostly); the first time
-about a minute (mmdebstrap, apt's downloads), and the package's build (.ci/package) besides when dist/ has none.
+has none for the version in exporter/volprobe/__init__.py. Each install test about 35 s on an idle machine
+(apt's installs, mostly; 65 to 100 s on a busy one of two cores), the modes a few seconds; the first time about
+a minute more (mmdebstrap, apt's downloads), and the package's build (.ci/package, 75 s) when dist/ has none.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
+import tarfile
 import time
 import urllib.request
 import zipfile
@@ -359,8 +366,10 @@ def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_p
             "var/lib/private/volprobe",
         ):
             assert not os.path.lexists(root / path), f"/{path} is left after purge"
-        # Debian's convention: the system user stays (files it owned may outlive the package).
+        # Debian's convention: the system user stays (files it owned may outlive the package), but not in group
+        # disk, which postinst gave it (issue 52).
         in_root(root, "getent", "passwd", "volprobe")
+        assert "disk" not in in_root(root, "id", "-nG", "volprobe").split(), "still in group disk after purge"
         left = sorted(tree(root) - before)
         allowed = {
             # The user's: adduser's backups of the files it changed (the user stays).
@@ -381,3 +390,215 @@ def test_the_deb_installs_with_apt_runs_upgrades_keeping_the_edited_config_and_p
         assert all(not any((root / path).iterdir()) for path in dirs), f"not empty after purge: {dirs}"
         changed_etc = {p for p in before if p.startswith("etc/")} - tree(root)
         assert not changed_etc, f"removed by the purge, though not the package's: {sorted(changed_etc)}"
+
+
+# -- Someone else's account named volprobe (issue 52) -----------------------------------------------------------
+
+WARNING = "volprobe: WARNING: an account volprobe exists that this package did not make"
+
+
+def groups_of(root: Path, user: str) -> list[str]:
+    return in_root(root, "id", "-nG", user).split()
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda release: f"debian{release.number}")
+def test_a_login_account_named_volprobe_is_never_given_group_disk(tmp_path, release):
+    """A login account named volprobe that was there first is left as it was: not put in group disk (raw reads of
+    every disk) on install or upgrade, its membership not touched on purge, with a warning that says what to do;
+    the install succeeds and the unit is enabled. Doing what the warning says (the account removed, then
+    dpkg-reconfigure) gives the package its own system user in group disk, which a purge takes out of it."""
+    deb = the_deb(release)
+    with fresh_root(tmp_path, release) as root:
+        shutil.copy(deb, root / "tmp" / deb.name)
+        apt_get(root, "update")
+        apt_get(root, "install", "--no-install-recommends", *depends_of(deb))
+        in_root(root, "useradd", "-m", "-s", "/bin/bash", "volprobe")
+        account = in_root(root, "getent", "passwd", "volprobe")
+        groups = groups_of(root, "volprobe")
+        assert "disk" not in groups, groups
+
+        # -- Install ------------------------------------------------------------------------------------
+        out = apt_get(root, "install", f"/tmp/{deb.name}")
+        assert package_state(root) == f"{release.version} ii"
+        assert groups_of(root, "volprobe") == groups, "the account's groups were changed"
+        assert in_root(root, "getent", "passwd", "volprobe") == account, "the account was changed"
+        assert WARNING in out, out[-4000:]
+        assert "NOT added to group disk" in out and "dpkg-reconfigure volprobe" in out, out[-4000:]
+        assert "IS in group disk" not in out, out[-4000:]
+        assert_enables_the_unit(root, release)
+
+        # -- Upgrade (the same version again: postinst configure with the installed version) ---------------
+        out = apt_get(root, "install", "--reinstall", f"/tmp/{deb.name}")
+        assert WARNING in out, out[-4000:]
+        assert groups_of(root, "volprobe") == groups, "the account's groups were changed on upgrade"
+
+        # -- Already in group disk (as the package's earlier versions left it): kept, and said --------------
+        in_root(root, "usermod", "-aG", "disk", "volprobe")
+        out = apt_get(root, "install", "--reinstall", f"/tmp/{deb.name}")
+        assert WARNING in out and "IS in group disk" in out and "deluser volprobe disk" in out, out[-4000:]
+        apt_get(root, "purge", "volprobe")
+        assert package_state(root) == "unknown"
+        assert in_root(root, "getent", "passwd", "volprobe") == account, "the account was changed by the purge"
+        assert "disk" in groups_of(root, "volprobe"), "a membership the package did not give was taken away"
+        assert (root / "home/volprobe").is_dir()
+
+        # -- What the warning says to do ------------------------------------------------------------------
+        apt_get(root, "install", f"/tmp/{deb.name}")
+        in_root(root, "userdel", "-r", "volprobe")
+        out = in_root(root, "dpkg-reconfigure", "volprobe", env=APT_ENV)
+        assert WARNING not in out, out
+        passwd = in_root(root, "getent", "passwd", "volprobe").strip().split(":")
+        assert int(passwd[2]) < 1000 and passwd[5] == "/var/lib/volprobe" and passwd[6].endswith("nologin"), passwd
+        assert "disk" in groups_of(root, "volprobe")
+        apt_get(root, "purge", "volprobe")
+        in_root(root, "getent", "passwd", "volprobe")  # kept, as Debian keeps system users
+        assert "disk" not in groups_of(root, "volprobe"), "the package's system user is still in group disk"
+
+
+# -- Modes and owners of every path in the packages (issue 52) --------------------------------------------------
+
+DIRECTORY, SYMLINK = 0o755, 0o777  # dpkg-deb writes a symlink's mode as 0777
+# The control archive: nothing else, and these modes.
+CONTROL_TABLE = {
+    ".": (tarfile.DIRTYPE, DIRECTORY),
+    "control": (tarfile.REGTYPE, 0o644),
+    "md5sums": (tarfile.REGTYPE, 0o644),
+    "conffiles": (tarfile.REGTYPE, 0o644),
+    "postinst": (tarfile.REGTYPE, 0o755),
+    "prerm": (tarfile.REGTYPE, 0o755),
+    "postrm": (tarfile.REGTYPE, 0o755),
+}
+
+
+def package_table(release: Release) -> dict[str, tuple[bytes, int]]:
+    """Every path of the data archive outside the venv, its type and mode: the package's own files."""
+    table: dict[str, tuple[bytes, int]] = {".": (tarfile.DIRTYPE, DIRECTORY)}
+    for path in ("opt", "opt/volprobe", "usr/share/doc/volprobe", "etc/default", "etc/volprobe", release.units):
+        parts = Path(path).parts
+        for depth in range(1, len(parts) + 1):
+            table[str(Path(*parts[:depth]))] = (tarfile.DIRTYPE, DIRECTORY)
+    table["usr/bin"] = (tarfile.DIRTYPE, DIRECTORY)
+    files = [
+        "etc/default/volprobe",  # conffiles
+        "etc/volprobe/volprobe.yml",
+        *units_of(release),
+        "usr/share/doc/volprobe/copyright",
+        *(f"usr/share/doc/volprobe/{p.name}" for p in (REPO / "systemd/volprobe.service.d").glob("*.conf.example")),
+    ]
+    table.update({path: (tarfile.REGTYPE, 0o644) for path in files})
+    table["usr/bin/volprobe"] = (tarfile.SYMTYPE, SYMLINK)
+    return table
+
+
+def venv_mode(path: str, kind: bytes) -> int:
+    """A path of the venv (/opt/volprobe): directories 0755, its commands (bin/, but the activate scripts, which a
+    shell sources) and C extensions (.so) 0755, every other file 0644."""
+    if kind == tarfile.DIRTYPE:
+        return DIRECTORY
+    if kind == tarfile.SYMTYPE:
+        return SYMLINK
+    parts = path.split("/")
+    command = parts[2] == "bin" and not parts[-1].lower().startswith("activate")
+    return 0o755 if command or path.endswith(".so") else 0o644
+
+
+def members(deb: Path, part: str) -> dict[str, tarfile.TarInfo]:
+    """The members of the .deb's control (--ctrl-tarfile) or data (--fsys-tarfile) archive, by path ("." the root)."""
+    archive = subprocess.run(["dpkg-deb", part, str(deb)], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return {os.path.normpath(member.name): member for member in tar.getmembers()}
+
+
+def modes_of(deb: Path) -> dict[str, tuple[bytes, int, int, int, str, str, str]]:
+    """Every path of the .deb (control members prefixed DEBIAN/): its type, mode, owner and symlink target."""
+    table = {}
+    for part, prefix in (("--ctrl-tarfile", "DEBIAN/"), ("--fsys-tarfile", "")):
+        for path, m in members(deb, part).items():
+            table[prefix + path] = (m.type, stat.S_IMODE(m.mode), m.uid, m.gid, m.uname, m.gname, m.linkname)
+    return table
+
+
+def assert_modes_and_owners(deb: Path, release: Release) -> None:
+    """Every path of the .deb is root:root with the mode of its table; nothing is outside them."""
+    wrong = []
+    for part, prefix in (("--ctrl-tarfile", "DEBIAN/"), ("--fsys-tarfile", "")):
+        table = CONTROL_TABLE if prefix else package_table(release)
+        found = members(deb, part)
+        assert set(table) - set(found) == set(), f"{deb.name}: missing {sorted(set(table) - set(found))}"
+        for path, member in found.items():
+            if path in table:
+                kind, mode = table[path]
+            elif not prefix and path.startswith("opt/volprobe/"):
+                kind, mode = member.type, venv_mode(path, member.type)
+                assert kind in (tarfile.DIRTYPE, tarfile.REGTYPE, tarfile.SYMTYPE), f"{path}: type {kind!r}"
+            else:
+                raise AssertionError(f"{deb.name}: {prefix}{path} is in no table")
+            got = (member.type, stat.S_IMODE(member.mode), member.uid, member.gid, member.uname, member.gname)
+            if got != (kind, mode, 0, 0, "root", "root"):
+                kinds = {tarfile.DIRTYPE: "directory", tarfile.REGTYPE: "file", tarfile.SYMTYPE: "symlink"}
+                wrong.append(
+                    f"{prefix}{path}: {kinds.get(got[0], got[0])} {got[1]:04o} {got[2]}:{got[3]} {got[4]}:{got[5]},"
+                    f" not {kinds[kind]} {mode:04o}"
+                )
+    assert not wrong, f"{deb.name}: {len(wrong)} paths off their table (expected root:root):\n" + "\n".join(wrong[:40])
+
+
+@pytest.mark.parametrize("release", RELEASES, ids=lambda release: f"debian{release.number}")
+def test_every_path_of_the_deb_has_its_mode_and_owner(release):
+    """Each .deb's every path, control files included, is root:root with its mode: directories and executables
+    0755, other files (conffiles among them) 0644; and the conffiles are regular files of the package."""
+    deb = the_deb(release)
+    assert_modes_and_owners(deb, release)
+    data = members(deb, "--fsys-tarfile")
+    for line in subprocess.run(
+        ["dpkg-deb", "-I", str(deb), "conffiles"], capture_output=True, text=True
+    ).stdout.split():
+        assert stat.S_IMODE(data[line.lstrip("/")].mode) == 0o644 and data[line.lstrip("/")].isreg(), line
+
+
+def as_built_under(tree: Path, umask: int) -> None:
+    """Give every path of `tree` the mode a build under `umask` gives it (directories 0777, files 0666 or 0777 when
+    executable, less the umask) and the builder's uid and gid, as if it had just been built so."""
+    for directory, dirs, files in os.walk(tree):
+        for name in [*dirs, *files]:
+            path = os.path.join(directory, name)
+            os.lchown(path, 1000, 1000)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                continue
+            full = 0o777 if stat.S_ISDIR(mode) or mode & 0o111 else 0o666
+            os.chmod(path, full & ~umask)
+
+
+@pytest.mark.parametrize("umask", [0o077, 0o000, 0o002], ids=lambda umask: f"umask{umask:03o}")
+def test_the_deb_has_the_same_modes_whatever_the_builders_umask(tmp_path, umask):
+    """.ci/package-deb, .ci/package's step that puts each .deb together, run under another umask on a venv built
+    under it (its modes, another owner) makes a package whose every path has the mode and owner of dist/'s."""
+    release = RELEASES[-1]
+    deb = the_deb(release)
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path / "unpacked")], check=True)
+    venv = tmp_path / "unpacked/opt/volprobe"
+    as_built_under(venv, umask)
+    out = tmp_path / deb.name
+    built = subprocess.run(
+        [
+            "sh",
+            "-c",
+            f'umask {umask:03o} && exec "$@"',
+            "sh",
+            str(REPO / ".ci/package-deb"),
+            str(venv),
+            str(release.number),
+            release.python,
+            f"/{release.units}",
+            __version__,
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VOLPROBE_DEB_COMPRESSION": "none"},  # the modes are the same; xz takes half a minute
+    )
+    assert built.returncode == 0, f".ci/package-deb: exit {built.returncode}\n{built.stdout}\n{built.stderr}"
+    assert_modes_and_owners(out, release)
+    assert modes_of(out) == modes_of(deb)
