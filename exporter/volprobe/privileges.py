@@ -227,7 +227,8 @@ def keep_only(wanted: int, others: int = 0) -> Kept:
                 _prctl(_PR_CAPBSET_DROP, cap)
         else:
             bounded = False  # cannot be narrowed; with no_new_privs nothing outside `keep` can be had anyway
-    _set(keep, keep, 0)
+    if _sets() != (keep, keep, 0):  # nothing to change is not asked: a unit's seccomp filter may refuse capset
+        _set(keep, keep, 0)
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     return Kept(keep, bounded, wanted & ~permitted, _prctl(_PR_GET_NO_NEW_PRIVS) == 1, permitted)
 
