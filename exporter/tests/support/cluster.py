@@ -15,7 +15,8 @@ of containerd's `k8s.io` namespace killed and removed, containerd stopped, the c
 mount under the cluster's directory unmounted, deepest first. Then the teardown checks that nothing is left: no
 mount under the directory, none of the processes it started (nor their process groups), no containerd shim of
 its socket, no cgroup of its containers; and what the kubelet and containerd make on the host whatever their
-directories (HOST_PATHS, the `k8s.io` cgroups) removed if the cluster made it.
+directories (HOST_PATHS, the `k8s.io` cgroups) removed if the cluster made it, and the kernel settings the
+kubelet changes (KERNEL_TUNABLES) restored.
 """
 
 from __future__ import annotations
@@ -247,6 +248,20 @@ def kubelet_configuration(d: Path, socket: Path, port: int, healthz: int) -> dic
 # shims' sockets (/run/containerd/s, fixed in containerd 1.6), and the cgroup `k8s.io` (the CRI namespace) in every
 # hierarchy, whose children are the containers' (no cgroupsPerQOS, so no kubepods). Each is removed afterwards if
 # the cluster made it, and only if nothing but directories and sockets is left in it.
+# The kernel's settings the kubelet sets at start to what it wants (its container manager's kernel tunables: no
+# flag turns that off, and protectKernelDefaults only makes it refuse to start): restored when it has stopped, so
+# that a test's node does not leave the machine rebooting 10 s after an oops.
+KERNEL_TUNABLES = tuple(
+    Path("/proc/sys", name)
+    for name in (
+        "vm/overcommit_memory",
+        "vm/panic_on_oom",
+        "kernel/panic",
+        "kernel/panic_on_oops",
+        "kernel/keys/root_maxkeys",
+        "kernel/keys/root_maxbytes",
+    )
+)
 HOST_PATHS = (Path("/var/lib/kubelet"), Path("/var/log/containers"), Path("/run/containerd"))
 
 
@@ -364,6 +379,7 @@ def cluster(directory: Path, helm: str, images: list[bytes]) -> Iterator[Cluster
     started: list[subprocess.Popen[bytes]] = []
     the_cluster: Cluster | None = None
     made = [path for path in (*HOST_PATHS, *namespace_cgroups()) if not path.exists()]
+    tunables = {path: path.read_text() for path in KERNEL_TUNABLES if path.exists()}
     try:
         with contextlib.ExitStack() as running:
             for attempt in range(1, 4):
@@ -484,8 +500,14 @@ def cluster(directory: Path, helm: str, images: list[bytes]) -> Iterator[Cluster
             stopping = time.monotonic()
         print(f"cluster {node}: down in {time.monotonic() - stopping:.1f} s")
     finally:
+        for path, value in tunables.items():
+            with contextlib.suppress(OSError):
+                path.write_text(value)
         unmount_all(directory)
         left: list[str] = []
+        changed = [str(path) for path, value in tunables.items() if path.read_text() != value]
+        if changed:
+            left.append(f"kernel settings not restored: {changed}")
         for process in started:
             if process.poll() is None:
                 left.append(f"{process.args[0]} (pid {process.pid}) still running")
