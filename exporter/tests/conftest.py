@@ -10,7 +10,8 @@ numbers (lab.loops_of_this_worker), directories, ports and processes. `xdist_gro
 after another on one worker: "lab-load" (tests that drive lab volumes to their caps with fio: the throttle
 detector's, the lab's own cap checks) and "lab-latency" (tests that hold measured latency to a few percent or
 to alert thresholds: end to end, compare's history, fidelity against fio) would each disturb their own kind
-on 2 cores; "loop300" shares a discovery range; "compare-backfilled" shares one backfilled Prometheus.
+on 2 cores; "loop300" shares a discovery range; "compare-backfilled" shares one backfilled Prometheus;
+"kube-apiserver" and "cluster" share one API server, and one single-node cluster (support/cluster.py).
 """
 
 from __future__ import annotations
