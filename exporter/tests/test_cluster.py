@@ -17,8 +17,8 @@ containerd run here as on a cluster's node.
 
 Needs root, the binaries .ci/run builds into $VOLPROBE_KUBE_DIR (else skipped), containerd, podman, gcc. The
 module's tests share one cluster (xdist_group "cluster"): about 16 s to start once built, 5 s to stop. The
-chart's state directory is the machine's /var/lib/volprobe (a hostPath): removed afterwards unless it was there
-before.
+chart's state directory is a hostPath in the cluster's own directory (stateHostPath), never the machine's
+/var/lib/volprobe: an exporter that another test runs as root beside this one takes that one where it exists.
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ from .support.kubeapi import install_crds
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.xdist_group("cluster")]
 
 POD_TIMEOUT = 180.0  # seconds: scheduled, init container run, Ready; about 10 s on an idle machine
-STATE_DIRECTORY = Path("/var/lib/volprobe")  # the chart's hostPath
 USER, PASSWORD = "prometheus", "volprobe-test-password"
 SELECTOR = "app.kubernetes.io/name=volprobe"
 
@@ -75,7 +74,6 @@ def running(helm: str) -> Iterator[Node]:
     crds = operator_crd_directory()
     if crds is None:
         pytest.skip("no $VOLPROBE_OPERATOR_CRDS, and prometheus-operator is not in Go's module cache (.ci/run)")
-    had_state = STATE_DIRECTORY.exists()
     directory = Path(tempfile.mkdtemp(prefix="vp-node-", dir="/tmp"))  # short: containerd's socket paths
     try:
         (directory / "podman").mkdir()
@@ -88,8 +86,6 @@ def running(helm: str) -> Iterator[Node]:
     finally:
         if not mounts_under(directory):  # else kept, and the fixture's own check has failed
             shutil.rmtree(directory, ignore_errors=True)
-        if not had_state:
-            shutil.rmtree(STATE_DIRECTORY, ignore_errors=True)
 
 
 def values(node: Cluster, image: Built, port: int, **more: Any) -> dict[str, Any]:
@@ -100,6 +96,8 @@ def values(node: Cluster, image: Built, port: int, **more: Any) -> dict[str, Any
         "hostNetwork": True,
         "service": {"port": port},
         "kubeletDirectory": str(node.kubelet_root),
+        # Not the machine's /var/lib/volprobe: an exporter another test runs as root takes that one if it exists.
+        "stateHostPath": str(node.directory / "state"),
         **more,
     }
 
