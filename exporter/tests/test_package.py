@@ -189,7 +189,10 @@ def in_root(root: Path, *cmd: str, timeout: float = 300, env: dict[str, str] | N
 
 
 def apt_get(root: Path, *args: str) -> str:
-    return in_root(root, "apt-get", "-y", "-q", *args, env=APT_ENV, timeout=600)
+    """apt-get in the root, one at a time on this machine: the roots of a release share one download cache
+    (fresh_root), whose lock a second apt-get finds taken (exit 100) while the first holds it."""
+    with locked(CACHE / "apt-get.lock"):
+        return in_root(root, "apt-get", "-y", "-q", *args, env=APT_ENV, timeout=600)
 
 
 def depends_of(deb: Path) -> list[str]:
