@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 import re
 import secrets
@@ -35,18 +34,15 @@ import pytest
 import yaml
 
 from .support.chart import CHART, by_kind, daemonset_pod, find_helm, one, operator_crd_directory, template
-from .support.harness import REPO, free_port
+from .support.harness import REPO
 from .support.kubeapi import (
     API_VERSIONS,
     COLLECTIONS,
     ApiServer,
     PortTaken,
-    answers,
+    control_plane,
     helm_warnings,
     install_crds,
-    start,
-    stop,
-    tls_context,
     write_kubeconfig,
 )
 
@@ -85,7 +81,7 @@ def kube_apiserver(binaries: Path, directory: Path, helm: str) -> Iterator[ApiSe
         with contextlib.ExitStack() as running:
             for attempt in range(1, 4):
                 try:
-                    url, ca = start_both(binaries, directory / f"run-{attempt}", tokens, key, running, started)
+                    url, ca = control_plane(binaries, directory / f"run-{attempt}", tokens, key, running, started)
                     break
                 except PortTaken:
                     running.close()  # stops what this attempt started, then on other ports
@@ -107,76 +103,6 @@ def kube_apiserver(binaries: Path, directory: Path, helm: str) -> Iterator[ApiSe
             assert process.returncode is not None, f"{process.args!r} (pid {process.pid}) still running"
             with pytest.raises(ProcessLookupError):  # its process group is empty: nothing it started lives on
                 os.killpg(process.pid, 0)
-
-
-def start_both(
-    binaries: Path,
-    directory: Path,
-    tokens: Path,
-    key: Path,
-    running: contextlib.ExitStack,
-    started: list[subprocess.Popen[bytes]],
-) -> tuple[str, Path]:
-    """etcd, then kube-apiserver on it, each until it is ready; the API server's URL and CA certificate."""
-    directory.mkdir()
-    client, peer, secure = free_port(), free_port(), free_port()
-    etcd_url = f"http://127.0.0.1:{client}"
-    etcd = start(
-        [
-            str(binaries / "etcd"),
-            "--name=default",
-            f"--data-dir={directory / 'etcd-data'}",
-            f"--listen-client-urls={etcd_url}",
-            f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=default=http://127.0.0.1:{peer}",
-            "--initial-cluster-state=new",
-            "--unsafe-no-fsync",  # a throwaway store: no fsync per write on a busy CI disk
-            "--log-level=warn",
-        ],
-        directory / "etcd.log",
-        lambda: answers(f"{etcd_url}/health", lambda body: json.loads(body).get("health") == "true"),
-        "etcd",
-    )
-    started.append(etcd)
-    running.callback(stop, etcd)
-    certificates = directory / "certificates"
-    ca = certificates / "apiserver.crt"  # kube-apiserver makes its own CA and serving certificate there
-    url = f"https://127.0.0.1:{secure}"
-    token = tokens.read_text().split(",")[0]
-
-    def ready() -> bool:
-        try:
-            context = tls_context(ca)
-        except OSError:  # not written yet, or half written (an SSLError)
-            return False
-        return answers(f"{url}/readyz", lambda body: body == b"ok", context, Authorization=f"Bearer {token}")
-
-    apiserver = start(
-        [
-            str(binaries / "kube-apiserver"),
-            f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={secure}",
-            f"--cert-dir={certificates}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-signing-key-file={key}",
-            f"--service-account-key-file={key.with_suffix('.pub')}",
-            f"--token-auth-file={tokens}",
-            "--authorization-mode=RBAC",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            "--endpoint-reconciler-type=none",  # no kubelet or controller-manager to keep the endpoints
-            "--allow-privileged=true",  # as a cluster's: the chart's container is privileged
-        ],
-        directory / "apiserver.log",
-        ready,
-        "kube-apiserver",
-    )
-    started.append(apiserver)
-    running.callback(stop, apiserver)
-    return url, ca
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from .harness import free_port
-from .kubeapi import ApiServer, PortTaken, answers, start, stop, tail, tls_context, write_kubeconfig
+from .kubeapi import ApiServer, PortTaken, answers, control_plane, start, stop, tail, write_kubeconfig
 from .podman import podman
 
 KUBE_DIR = Path(os.environ.get("VOLPROBE_KUBE_DIR") or "/var/cache/volprobe-ci/kube")
@@ -370,7 +370,9 @@ def cluster(directory: Path, helm: str, images: list[bytes]) -> Iterator[Cluster
     key = directory / "service-account.key"
     subprocess.run(["openssl", "genrsa", "-out", str(key), "2048"], check=True, capture_output=True)
     subprocess.run(
-        ["openssl", "rsa", "-in", str(key), "-pubout", "-out", f"{key}.pub"], check=True, capture_output=True
+        ["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(key.with_suffix(".pub"))],
+        check=True,
+        capture_output=True,
     )
     home = directory / "home"
     home.mkdir()
@@ -384,7 +386,9 @@ def cluster(directory: Path, helm: str, images: list[bytes]) -> Iterator[Cluster
         with contextlib.ExitStack() as running:
             for attempt in range(1, 4):
                 try:
-                    url, ca = control_plane(directory / f"run-{attempt}", tokens, key, running, started)
+                    url, ca = control_plane(
+                        KUBE_DIR, directory / f"run-{attempt}", tokens, key, running, started, "Node,RBAC"
+                    )
                     break
                 except PortTaken:
                     running.close()
@@ -543,72 +547,3 @@ def cluster(directory: Path, helm: str, images: list[bytes]) -> Iterator[Cluster
             elif (kept := remove_made(path)) is not None:
                 left.append(f"{kept} (made by the node, not empty)")
         assert not left, f"the cluster left behind: {left}"
-
-
-def control_plane(
-    directory: Path,
-    tokens: Path,
-    key: Path,
-    running: contextlib.ExitStack,
-    started: list[subprocess.Popen[bytes]],
-) -> tuple[str, Path]:
-    """etcd, then kube-apiserver on it, each until it is ready; the API server's URL and CA certificate."""
-    directory.mkdir()
-    client, peer, secure = free_port(), free_port(), free_port()
-    etcd_url = f"http://127.0.0.1:{client}"
-    etcd = start(
-        [
-            str(KUBE_DIR / "etcd"),
-            "--name=default",
-            f"--data-dir={directory / 'etcd-data'}",
-            f"--listen-client-urls={etcd_url}",
-            f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
-            f"--initial-cluster=default=http://127.0.0.1:{peer}",
-            "--initial-cluster-state=new",
-            "--unsafe-no-fsync",
-            "--log-level=warn",
-        ],
-        directory / "etcd.log",
-        lambda: answers(f"{etcd_url}/health", lambda body: json.loads(body).get("health") == "true"),
-        "etcd",
-    )
-    started.append(etcd)
-    running.callback(stop, etcd)
-    certificates = directory / "certificates"
-    ca = certificates / "apiserver.crt"
-    url = f"https://127.0.0.1:{secure}"
-    token = tokens.read_text().split(",")[0]
-
-    def ready() -> bool:
-        try:
-            context = tls_context(ca)
-        except OSError:
-            return False
-        return answers(f"{url}/readyz", lambda body: body == b"ok", context, Authorization=f"Bearer {token}")
-
-    apiserver = start(
-        [
-            str(KUBE_DIR / "kube-apiserver"),
-            f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={secure}",
-            f"--cert-dir={certificates}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-signing-key-file={key}",
-            f"--service-account-key-file={key}.pub",
-            f"--token-auth-file={tokens}",
-            "--authorization-mode=Node,RBAC",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            "--endpoint-reconciler-type=none",  # 127.0.0.1 cannot be the kubernetes Service's endpoint
-            "--allow-privileged=true",
-        ],
-        directory / "kube-apiserver.log",
-        ready,
-        "kube-apiserver",
-    )
-    started.append(apiserver)
-    running.callback(stop, apiserver)
-    return url, ca

@@ -5,6 +5,7 @@ components read, and the Prometheus Operator's CRDs the chart's objects need."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import ssl
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .harness import free_port
 
 # The kinds the chart makes: where each is in the API. A kind added to the chart must be added here.
 COLLECTIONS = {
@@ -223,3 +226,76 @@ def install_crds(api: ApiServer, directory: Path) -> None:
     while not served():
         assert time.monotonic() < deadline, f"the CRDs {names} not Established and served after 30 s"
         time.sleep(0.05)
+
+
+def control_plane(
+    binaries: Path,
+    directory: Path,
+    tokens: Path,
+    key: Path,
+    running: contextlib.ExitStack,
+    started: list[subprocess.Popen[bytes]],
+    authorization: str = "RBAC",
+) -> tuple[str, Path]:
+    """etcd, then kube-apiserver on it, each until it is ready; the API server's URL and CA certificate.
+    `authorization`: "RBAC" for the API server alone, "Node,RBAC" where a kubelet joins (support/cluster.py).
+    PortTaken when a free port was taken meanwhile: the caller tries again."""
+    directory.mkdir()
+    client, peer, secure = free_port(), free_port(), free_port()
+    etcd_url = f"http://127.0.0.1:{client}"
+    etcd = start(
+        [
+            str(binaries / "etcd"),
+            "--name=default",
+            f"--data-dir={directory / 'etcd-data'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer}",
+            "--initial-cluster-state=new",
+            "--unsafe-no-fsync",  # a throwaway store: no fsync per write on a busy CI disk
+            "--log-level=warn",
+        ],
+        directory / "etcd.log",
+        lambda: answers(f"{etcd_url}/health", lambda body: json.loads(body).get("health") == "true"),
+        "etcd",
+    )
+    started.append(etcd)
+    running.callback(stop, etcd)
+    certificates = directory / "certificates"
+    ca = certificates / "apiserver.crt"  # kube-apiserver makes its own CA and serving certificate there
+    url = f"https://127.0.0.1:{secure}"
+    token = tokens.read_text().split(",")[0]
+
+    def ready() -> bool:
+        try:
+            context = tls_context(ca)
+        except OSError:  # not written yet, or half written (an SSLError)
+            return False
+        return answers(f"{url}/readyz", lambda body: body == b"ok", context, Authorization=f"Bearer {token}")
+
+    apiserver = start(
+        [
+            str(binaries / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={secure}",
+            f"--cert-dir={certificates}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-signing-key-file={key}",
+            f"--service-account-key-file={key.with_suffix('.pub')}",
+            f"--token-auth-file={tokens}",
+            f"--authorization-mode={authorization}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--endpoint-reconciler-type=none",  # 127.0.0.1 cannot be the kubernetes Service's endpoint
+            "--allow-privileged=true",  # as a cluster's: the chart's container is privileged
+        ],
+        directory / "apiserver.log",
+        ready,
+        "kube-apiserver",
+    )
+    started.append(apiserver)
+    running.callback(stop, apiserver)
+    return url, ca
