@@ -11,7 +11,7 @@ import yaml
 
 from volprobe import config, yamlfile
 
-from .support.harness import probes_done, sample_value, volprobe_command, wait_until
+from .support.harness import probes_done, sample_value, start_with_kept_target, volprobe_command, wait_until
 from .support.hostile_yaml import chain, laughs
 
 # (name, YAML, the key path the first problem must name, a word the message must contain)
@@ -343,13 +343,7 @@ def test_the_exporter_exits_2_on_a_hostile_config_in_one_line(tmp_path, content,
 def test_a_sighup_with_a_hostile_config_keeps_the_running_one(tmp_path, start_exporter):
     """Each hostile file in turn, then SIGHUP: refused with the reason logged, the exporter and its probe run on,
     volprobe_config_last_reload_successful 0; a good file after them loads."""
-    (tmp_path / "data").mkdir()
-    good = f"targets: [{{name: kept, directory: {tmp_path / 'data'}, probe_file_size: 1MiB, "
-    good += "probes: [{op: write, block_size: 4KiB, interval: 50ms}]}]\n"
-    path = tmp_path / "volprobe.yml"
-    path.write_text(good)
-    exporter = start_exporter("--config", str(path))
-    exporter.wait_for(lambda s: probes_done(s, "kept", "write") >= 1, what="the first probes")
+    exporter, path, good = start_with_kept_target(tmp_path, start_exporter)
     refused = "rejected, keeping the running one"
     for _name, content, why in HOSTILE_FILES:
         rejections = exporter.log().count(refused)

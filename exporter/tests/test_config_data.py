@@ -30,7 +30,14 @@ import yaml
 from volprobe import config, schema, webconfig, yamlfile
 from volprobe.tools.check_config import run_check_config
 
-from .support.harness import parse_metrics, probes_done, sample_value, volprobe_command, wait_until
+from .support.harness import (
+    parse_metrics,
+    probes_done,
+    sample_value,
+    start_with_kept_target,
+    volprobe_command,
+    wait_until,
+)
 
 PLACE = "PLACEHOLDER"
 YAML_REFUSED = object()  # refused before any key's check: not text, or not a type a configuration holds
@@ -346,13 +353,7 @@ def test_a_sighup_with_any_wrong_value_of_any_key_keeps_the_running_configuratio
     """One exporter; for each key and each of the values that ended it before (CRASHERS), the file rewritten and
     SIGHUP: the reload is refused in a line naming the key, /metrics answers with the running target and
     volprobe_config_last_reload_successful 0, and the probe goes on. A good file afterwards loads."""
-    (tmp_path / "data").mkdir()
-    good = f"targets: [{{name: kept, directory: {tmp_path / 'data'}, probe_file_size: 1MiB, "
-    good += "probes: [{op: write, block_size: 4KiB, interval: 50ms}]}]\n"
-    path = tmp_path / "volprobe.yml"
-    path.write_text(good)
-    exporter = start_exporter("--config", str(path))
-    exporter.wait_for(lambda s: probes_done(s, "kept", "write") >= 1, what="the first probes")
+    exporter, path, good = start_with_kept_target(tmp_path, start_exporter)
     log = Log(exporter.log_path)
     log.new()
     started, reloads = time.monotonic(), 0

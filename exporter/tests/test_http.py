@@ -674,18 +674,25 @@ PIPELINED_FLOODS = {
 }
 
 
-@pytest.mark.parametrize("flood", PIPELINED_FLOODS, ids=list(PIPELINED_FLOODS))
-def test_health_checks_pipelined_and_never_read_keep_no_authorised_scrape_out(tmp_path, start_exporter, flood):
-    count, bound = PIPELINED_FLOODS[flood]
-    web, good = _auth_web(tmp_path)
+def _start_bounded(tmp_path, start_exporter, web: str, bound: int | None):
+    """The exporter with `web`, no targets, and an open-files limit that makes its connection bound `bound` (None:
+    the default), once its start-up line says that bound."""
     prefix: tuple[str, ...] = ()
     if bound is not None:
         limit = OPEN_FILES_RESERVE + bound
         prefix = ("prlimit", f"--nofile={limit}:{limit}", "--")
     exporter = start_exporter("--web.config.file", web, *no_targets(tmp_path), prefix=prefix)
-    port = exporter.port
     if bound is not None:
         wait_until(lambda: f"at most {bound} connections" in exporter.log(), what="the start-up line", every=0.05)
+    return exporter
+
+
+@pytest.mark.parametrize("flood", PIPELINED_FLOODS, ids=list(PIPELINED_FLOODS))
+def test_health_checks_pipelined_and_never_read_keep_no_authorised_scrape_out(tmp_path, start_exporter, flood):
+    count, bound = PIPELINED_FLOODS[flood]
+    web, good = _auth_web(tmp_path)
+    exporter = _start_bounded(tmp_path, start_exporter, web, bound)
+    port = exporter.port
     assert _timed(port, "/metrics", good)[0] == 200  # alice's password checked, and cached
     flood_socks: list[socket.socket] = []
     try:
@@ -810,14 +817,8 @@ PASSWORD_FLOODS = {
 def test_wrong_passwords_from_many_addresses_never_refuse_a_cached_scraper(tmp_path, start_exporter, flood):
     addresses, per_address, bound = PASSWORD_FLOODS[flood]
     web, good = _auth_web(tmp_path, rounds=10)
-    prefix: tuple[str, ...] = ()
-    if bound is not None:
-        limit = OPEN_FILES_RESERVE + bound
-        prefix = ("prlimit", f"--nofile={limit}:{limit}", "--")
-    exporter = start_exporter("--web.config.file", web, *no_targets(tmp_path), prefix=prefix)
+    exporter = _start_bounded(tmp_path, start_exporter, web, bound)
     port = exporter.port
-    if bound is not None:
-        wait_until(lambda: f"at most {bound} connections" in exporter.log(), what="the start-up line", every=0.05)
     assert _timed(port, "/metrics", good)[0] == 200  # checked once: in the cache from now on
     with _PasswordFlood(port, addresses, per_address) as attack:
         wait_until(lambda: len(attack.statuses) >= 10, timeout=30, what="wrong passwords answered", every=0.05)

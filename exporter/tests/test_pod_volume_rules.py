@@ -23,7 +23,7 @@ from volprobe.probe import ProbeWorker
 from volprobe.runtime.pods import PodVolumeFollower
 from volprobe.stats import ProbeStats
 
-from .support.harness import OpenFiles, probes_done, sample_value, volprobe_command, wait_until
+from .support.harness import OpenFiles, probes_done, sample_value, start_with_kept_target, volprobe_command, wait_until
 
 POD = "6f1c2b3a-4d5e-4f60-8a7b-9c0d1e2f3a4b"
 PV_DB = "pvc-1d2e3f4a-5b6c-4d7e-8f90-a1b2c3d4e5f6"
@@ -398,13 +398,7 @@ def test_the_exporter_exits_2_on_an_unknown_key_of_a_rule_naming_it(tmp_path: Pa
 
 
 def test_a_reload_with_a_bad_rule_keeps_the_running_configuration(tmp_path: Path, start_exporter) -> None:
-    (tmp_path / "data").mkdir()
-    good = f"targets: [{{name: kept, directory: {tmp_path / 'data'}, probe_file_size: 1MiB, "
-    good += "probes: [{op: write, block_size: 4KiB, interval: 50ms}]}]\n"
-    path = tmp_path / "volprobe.yml"
-    path.write_text(good)
-    exporter = start_exporter("--config", str(path))
-    exporter.wait_for(lambda s: probes_done(s, "kept", "write") >= 1, what="the first probes")
+    exporter, path, good = start_with_kept_target(tmp_path, start_exporter)
     refused = "rejected, keeping the running one"
     path.write_text(good + BAD_RULE)
     exporter.process.send_signal(signal.SIGHUP)

@@ -585,3 +585,18 @@ def start_prometheus(
         time.sleep(0.2)
     server.stop()
     raise AssertionError(f"prometheus not ready:\n{log_path.read_text()}")
+
+
+def start_with_kept_target(
+    tmp_path: Path, start_exporter: Callable[..., RunningExporter]
+) -> tuple[RunningExporter, Path, str]:
+    """An exporter on a configuration file with one directory target, `kept` (a write every 50 ms), once it has
+    probed: the running configuration a refused reload must keep. (exporter, the file, its good text.)"""
+    (tmp_path / "data").mkdir()
+    good = f"targets: [{{name: kept, directory: {tmp_path / 'data'}, probe_file_size: 1MiB, "
+    good += "probes: [{op: write, block_size: 4KiB, interval: 50ms}]}]\n"
+    path = tmp_path / "volprobe.yml"
+    path.write_text(good)
+    exporter = start_exporter("--config", str(path))
+    exporter.wait_for(lambda s: probes_done(s, "kept", "write") >= 1, what="the first probes")
+    return exporter, path, good
