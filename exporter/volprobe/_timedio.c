@@ -80,6 +80,9 @@ static ssize_t request_pwrite_fdatasync(int fd, void *buf, size_t size, off_t of
 #ifndef RENAME_NOREPLACE
 #define RENAME_NOREPLACE 1
 #endif
+/* The next sequence's names, drawn by request_one before it starts the clock (getrandom is no part of what a
+ * sequence measures), in the thread that then makes the request. */
+static __thread char metadata_made[METADATA_NAME_MAX], metadata_renamed[METADATA_NAME_MAX];
 static int metadata_names(char *made, char *renamed) { /* 0, or -1 with errno */
     unsigned char random[METADATA_SUFFIX_HEX / 2];
     char hex[METADATA_SUFFIX_HEX + 1];
@@ -95,9 +98,7 @@ static ssize_t request_metadata(int dir, void *buf, size_t size, off_t offset, l
     (void)offset;
     if (size == 0)
         return 0;
-    char made[METADATA_NAME_MAX], renamed[METADATA_NAME_MAX];
-    if (metadata_names(made, renamed) < 0)
-        return -1;
+    const char *made = metadata_made, *renamed = metadata_renamed;
     long long at[7];
     struct timespec t;
     int saved;
@@ -407,6 +408,12 @@ static int request_one(Loop *self, long long offset, int fd, Py_ssize_t index, i
     if (fd < 0 && (use = open(self->path, self->flags | O_CLOEXEC)) < 0) {
         *error = errno;
         return RUN_OPEN_FAILED;
+    }
+    if (self->request == request_metadata && metadata_names(metadata_made, metadata_renamed) < 0) {
+        *error = errno;
+        if (fd < 0)
+            close(use);
+        return RUN_IO_FAILED;
     }
     struct timespec start, end;
     long long steps[MAX_STEPS] = {0};
